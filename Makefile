@@ -1,0 +1,25 @@
+# The README's two commands: `make demo` and `make test`. Both set themselves up.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.blocksync-setup
+
+.PHONY: setup demo test bench lint clean
+
+setup:
+	bash scripts/setup_env.sh
+
+demo: setup
+	$(PY) jobs/demo.py
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check lib tests jobs benchmarks
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,25 @@
+"""blocksync: block-synchronous data-parallel PyTorch training on Spark.
+
+    from blocksync import TrainConfig, train
+    result = train(spark, df, TrainConfig(num_workers=4), features="features", label="label")
+    result.model, result.metrics
+"""
+
+from blocksync.blocks import BlockInfo, make_blocks
+from blocksync.collectives import CollectiveError
+from blocksync.config import ModelSpec, TrainConfig
+from blocksync.launcher import TrainingError, TrainResult, train, train_blocks
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockInfo",
+    "CollectiveError",
+    "ModelSpec",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingError",
+    "make_blocks",
+    "train",
+    "train_blocks",
+]

@@ -1,0 +1,179 @@
+"""Driver side: cut a training DataFrame into exactly `num_workers` balanced blocks.
+
+The result has one partition per worker, partition i being block i, with two
+columns: `features` (array<float>) and `label` (double). Assignment is a pure
+function of each row's content and the seed, so it does not depend on how the
+input happened to be partitioned:
+
+1. `key = xxhash64(seed, features, label)`; rows are spread over `B` hash buckets.
+2. Per bucket, rows are numbered in key order (a window per bucket, so no single
+   partition holds all data); bucket sizes are collected to the driver (B numbers).
+3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin
+   over a seeded permutation, so block sizes differ by at most one.
+4. Each block id is mapped to a partitioning key whose Murmur3 hash lands in the
+   partition of the same index (found once on the driver with Spark's own
+   `hash`), then `repartition(N, key)` puts block i in partition i exactly.
+
+Only DataFrame operations are used, so this also runs on Spark Connect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.window import Window
+
+FEATURES = "features"
+LABEL = "label"
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """What the driver knows about the blocks before launch."""
+
+    num_features: int
+    sizes: list[int]
+
+
+def _is_vector(dtype: T.DataType) -> bool:
+    return dtype.typeName() == "vector" or type(dtype).__name__ == "VectorUDT"
+
+
+def features_column(df: DataFrame, features: str | list[str]) -> Column:
+    """`features` as array<float>, from an array column, an ML vector column or numeric columns."""
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    names = [features] if isinstance(features, str) else list(features)
+    if not names:
+        raise ValueError("no feature columns given; name an array/vector column or a list of numeric columns.")
+    missing = [n for n in names if n not in schema]
+    if missing:
+        raise ValueError(
+            f"feature column(s) {missing} not in the DataFrame (columns: {sorted(schema)}); "
+            "fix the feature column names."
+        )
+    if len(names) == 1:
+        dtype = schema[names[0]]
+        if isinstance(dtype, T.ArrayType):
+            if not isinstance(dtype.elementType, _NUMERIC):
+                raise ValueError(
+                    f"feature column {names[0]!r} is array<{dtype.elementType.simpleString()}>; "
+                    "it must hold numbers."
+                )
+            return F.col(names[0]).cast("array<float>")
+        if _is_vector(dtype):
+            from pyspark.ml.functions import vector_to_array
+
+            return vector_to_array(F.col(names[0]), "float32")
+    bad = {n: schema[n].simpleString() for n in names if not isinstance(schema[n], _NUMERIC)}
+    if bad:
+        raise ValueError(
+            f"feature column(s) {bad} are not numeric; cast or encode them first "
+            "(features must be numbers, an array of numbers or an ML vector)."
+        )
+    return F.array(*[F.col(n).cast("float") for n in names])
+
+
+def label_column(df: DataFrame, label: str) -> Column:
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    if label not in schema:
+        raise ValueError(
+            f"label column {label!r} not in the DataFrame (columns: {sorted(schema)}); fix the label column name."
+        )
+    if not isinstance(schema[label], _NUMERIC):
+        raise ValueError(
+            f"label column {label!r} is {schema[label].simpleString()}; it must be numeric "
+            "(map string classes to indices first, e.g. with pyspark.ml.feature.StringIndexer)."
+        )
+    return F.col(label).cast("double")
+
+
+def partition_keys(spark: SparkSession, num_partitions: int) -> list[int]:
+    """For each partition i, a long whose hash partitioning sends it to partition i.
+
+    `repartition(n, col)` places a row in `pmod(murmur3(col, 42), n)`, which is
+    exactly SQL `pmod(hash(col), n)`; we search small longs for one per partition.
+    """
+    limit = 64 * num_partitions + 1024
+    rows = (
+        spark.range(limit)
+        .select("id", F.expr(f"pmod(hash(id), {num_partitions})").alias("p"))
+        .groupBy("p")
+        .agg(F.min("id").alias("id"))
+        .collect()
+    )
+    found = {int(r["p"]): int(r["id"]) for r in rows}
+    if len(found) < num_partitions:
+        raise RuntimeError(f"no partitioning key found for all {num_partitions} partitions")
+    return [found[i] for i in range(num_partitions)]
+
+
+def make_blocks(
+    df: DataFrame,
+    *,
+    features: str | list[str],
+    label: str,
+    num_workers: int,
+    seed: int,
+) -> tuple[DataFrame, BlockInfo]:
+    """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo)."""
+    spark = df.sparkSession
+    data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL))
+
+    key = F.xxhash64(F.lit(seed), F.col(FEATURES), F.col(LABEL))
+    num_buckets = max(4 * num_workers, 16)
+    keyed = data.withColumn("_key", key).withColumn("_bucket", F.pmod(F.col("_key"), F.lit(num_buckets)))
+
+    stats = keyed.groupBy("_bucket").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min(F.size(FEATURES)).alias("dmin"),
+        F.max(F.size(FEATURES)).alias("dmax"),
+        F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
+    ).collect()
+    total = sum(int(r["n"]) for r in stats)
+    if total == 0:
+        raise ValueError("the training data is empty (0 rows); check the input path, table or filter.")
+    dims = {int(r["dmin"]) for r in stats} | {int(r["dmax"]) for r in stats}
+    if len(dims) != 1 or -1 in dims:
+        raise ValueError(
+            f"feature arrays have differing lengths {sorted(dims)} (or nulls); every row needs the same number of features."
+        )
+    num_features = dims.pop()
+    if num_features == 0:
+        raise ValueError("feature arrays are empty; every row needs at least one feature.")
+    null_labels = sum(int(r["null_labels"]) for r in stats)
+    if null_labels:
+        raise ValueError(f"{null_labels} rows have a null label; drop or fill them before training.")
+    if total < num_workers:
+        raise ValueError(
+            f"only {total} training rows for num_workers={num_workers}; every block needs rows. "
+            "Lower num_workers or add data."
+        )
+
+    counts = {int(r["_bucket"]): int(r["n"]) for r in stats}
+    offsets, running = [], 0
+    for b in range(num_buckets):
+        offsets.append(running)
+        running += counts.get(b, 0)
+
+    index_in_bucket = F.row_number().over(Window.partitionBy("_bucket").orderBy("_key", FEATURES, LABEL)) - 1
+    bucket_offset = F.element_at(F.array(*[F.lit(o) for o in offsets]), F.col("_bucket").cast("int") + 1)
+    assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
+    blocks = place_blocks(assigned, block="_block", order=["_key", FEATURES, LABEL], num_workers=num_workers)
+    sizes = [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
+    return blocks, BlockInfo(num_features=num_features, sizes=sizes)
+
+
+def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: int) -> DataFrame:
+    """Put rows whose `block` column is i into partition i (exactly), sorted by `order` inside it."""
+    keys = partition_keys(df.sparkSession, num_workers)
+    part_key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(block).cast("int") + 1)
+    return (
+        df.withColumn("_pkey", part_key.cast("long"))
+        .repartition(num_workers, "_pkey")
+        .sortWithinPartitions(*order)
+        .select(FEATURES, LABEL)
+    )

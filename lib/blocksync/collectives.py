@@ -1,0 +1,279 @@
+"""One small collective interface with three backends, started inside barrier tasks.
+
+Every backend offers the same three operations on a flat float32 tensor:
+`allreduce_sum`, `broadcast` from a root, and `close`. The training loop fuses
+all gradients (plus the local sample count) into one buffer per step, so each
+step is exactly one collective call whatever the number of parameters.
+
+Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`):
+
+- `horovod`: rank 0 starts Horovod's Gloo rendezvous HTTP server (bound to its
+  own task address, ephemeral port), computes the slot plan from the task
+  hosts, and shares the port; every task sets the HOROVOD_* variables of its
+  slot and calls `hvd.init()`. The server is stopped once all ranks have
+  initialised (it is only needed for start-up).
+- `torch_gloo`: rank 0 opens a `TCPStore` on its task address (ephemeral port),
+  shares the port, and every task joins `init_process_group("gloo")`.
+- `spark`: `allGather` of each rank's base64-encoded buffer, summed in rank
+  order. No extra dependency; every byte goes through the driver, so it is
+  only for tiny models.
+
+A backend that cannot start raises `CollectiveError` with the reason; nothing
+falls back to another backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+from abc import ABC, abstractmethod
+from datetime import timedelta
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class CollectiveError(RuntimeError):
+    """A collective backend could not start or failed."""
+
+
+class Coordinator(Protocol):
+    """The subset of BarrierTaskContext the collectives use."""
+
+    def partitionId(self) -> int: ...  # noqa: N802 (Spark's name)
+    def allGather(self, message: str = "") -> list[str]: ...  # noqa: N802
+    def getTaskInfos(self) -> list[Any]: ...  # noqa: N802
+
+
+def task_hosts(ctx: Coordinator) -> list[str]:
+    """Host of every task, indexed by partition id (TaskInfo.address is 'host:port')."""
+    return [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+
+
+def interface_for(address: str, configured: str | None) -> str:
+    """The NIC Gloo should use: configured, else the one holding the task's address."""
+    if configured:
+        return configured
+    try:
+        ip = socket.gethostbyname(address)
+    except OSError:
+        ip = address
+    if ip.startswith("127."):
+        return "lo"
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    raise CollectiveError(
+        f"no network interface holds this task's address {address} ({ip}); "
+        "set network_interface to the NIC the executors talk over."
+    )
+
+
+class Collective(ABC):
+    name: str = ""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
+
+    @abstractmethod
+    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks; every rank receives identical bits."""
+
+    @abstractmethod
+    def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """`root`'s tensor on every rank."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release the backend; safe to call twice."""
+
+    def gather_digests(self, digest: str) -> list[str]:
+        """Every rank's 48-bit digest prefix, through one small all-reduce.
+
+        Rank r writes its digest as three 16-bit values into slots [3r, 3r+3) of a
+        zero buffer; the sum is exact in float32, so the result is an allgather
+        that costs one collective (BarrierTaskContext.allGather costs ~1 s).
+        """
+        buf = torch.zeros(3 * self.size, dtype=torch.float32)
+        value = int(digest[:12], 16)
+        for i in range(3):
+            buf[3 * self.rank + i] = float((value >> (16 * i)) & 0xFFFF)
+        out = self.allreduce_sum(buf).to(torch.int64).tolist()
+        return [
+            format(sum(int(out[3 * r + i]) << (16 * i) for i in range(3)), "012x") for r in range(self.size)
+        ]
+
+    def bytes_per_allreduce(self, num_bytes: int) -> float:
+        """Bytes this rank sends for one all-reduce of `num_bytes` (ring: 2(N-1)/N * S)."""
+        return 2.0 * (self.size - 1) / self.size * num_bytes
+
+
+class SparkCollective(Collective):
+    name = "spark"
+
+    def __init__(self, ctx: Coordinator) -> None:
+        hosts = task_hosts(ctx)
+        super().__init__(ctx.partitionId(), len(hosts))
+        self._ctx = ctx
+
+    def _gather(self, flat: torch.Tensor) -> list[np.ndarray]:
+        payload = base64.b64encode(flat.detach().cpu().numpy().tobytes()).decode("ascii")
+        return [np.frombuffer(base64.b64decode(m), dtype=np.float32) for m in self._ctx.allGather(payload)]
+
+    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        parts = self._gather(flat)
+        total = parts[0].copy()
+        for part in parts[1:]:  # fixed rank order: identical result on every rank
+            total += part
+        return torch.from_numpy(total).to(flat.device)
+
+    def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return torch.from_numpy(self._gather(flat)[root].copy()).to(flat.device)
+
+    def bytes_per_allreduce(self, num_bytes: int) -> float:
+        return num_bytes * 4.0 / 3.0  # base64 up to the driver
+
+
+class TorchGlooCollective(Collective):
+    name = "torch_gloo"
+
+    def __init__(self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> None:
+        import torch.distributed as dist
+
+        hosts = task_hosts(ctx)
+        rank, size = ctx.partitionId(), len(hosts)
+        super().__init__(rank, size)
+        self._dist = dist
+        if dist.is_initialized():  # a previous task in this reused Python worker
+            dist.destroy_process_group()
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_for(hosts[rank], interface)
+        timeout = timedelta(seconds=timeout_seconds)
+        store = None
+        if rank == 0:
+            store = dist.TCPStore(hosts[0], 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+        port = int(json.loads(ctx.allGather(json.dumps(store.port if store else None))[0]))
+        if store is None:
+            store = dist.TCPStore(hosts[0], port, size, is_master=False, timeout=timeout)
+        try:
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
+        except Exception as err:
+            raise CollectiveError(f"torch.distributed gloo failed to start on rank {rank}: {err}") from err
+        self._store = store
+        self._group_started = True
+
+    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM)
+        return flat
+
+    def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
+        self._dist.broadcast(flat, src=root)
+        return flat
+
+    def close(self) -> None:
+        if self._group_started and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+        self._group_started = False
+        self._store = None
+
+
+def import_horovod() -> Any:
+    """horovod.torch, or a CollectiveError that says how to get a working build."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as err:
+        raise CollectiveError(
+            f"backend 'horovod' needs Horovod 0.28.1 built with PyTorch and Gloo, and it does not import: {err}. "
+            "Run scripts/setup_env.sh (make setup) to build it, or choose backend=torch_gloo explicitly."
+        ) from err
+    if not hvd.gloo_built():
+        raise CollectiveError("the installed Horovod was built without Gloo; rebuild it with scripts/setup_env.sh.")
+    return hvd
+
+
+class HorovodCollective(Collective):
+    name = "horovod"
+
+    def __init__(self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> None:
+        hvd = import_horovod()
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        hosts = task_hosts(ctx)
+        rank, size = ctx.partitionId(), len(hosts)
+        my_host = hosts[rank]
+        local_rank = hosts[:rank].count(my_host)
+        slots: dict[str, int] = {}
+        for h in hosts:
+            slots[h] = slots.get(h, 0) + 1
+        plan = get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in slots.items())), size)
+        slot = next(s for s in plan if s.hostname == my_host and s.local_rank == local_rank)
+
+        server = None
+        if rank == 0:
+            # Horovod's own RendezvousServer binds every interface; we bind only the task's address.
+            server = RendezvousHTTPServer((my_host, 0), RendezvousHandler, 0)
+            server.init(plan)
+            threading.Thread(target=server.serve_forever, name="hvd-rendezvous", daemon=True).start()
+        port = int(json.loads(ctx.allGather(json.dumps(server.server_address[1] if server else None))[0]))
+
+        os.environ.update(
+            HOROVOD_GLOO_RENDEZVOUS_ADDR=hosts[0],
+            HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
+            HOROVOD_CONTROLLER="gloo",
+            HOROVOD_CPU_OPERATIONS="gloo",
+            HOROVOD_GLOO_IFACE=interface_for(my_host, interface),
+            HOROVOD_GLOO_TIMEOUT_SECONDS=str(timeout_seconds),
+            HOROVOD_HOSTNAME=my_host,
+            HOROVOD_RANK=str(slot.rank),
+            HOROVOD_SIZE=str(slot.size),
+            HOROVOD_LOCAL_RANK=str(slot.local_rank),
+            HOROVOD_LOCAL_SIZE=str(slot.local_size),
+            HOROVOD_CROSS_RANK=str(slot.cross_rank),
+            HOROVOD_CROSS_SIZE=str(slot.cross_size),
+        )
+        try:
+            hvd.init()
+        except Exception as err:
+            raise CollectiveError(f"hvd.init() failed on rank {rank} ({my_host}): {err}") from err
+        finally:
+            ctx.allGather("")  # everyone is past rendezvous (or failed): the server can go
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        if hvd.size() != size:
+            raise CollectiveError(f"Horovod started with size {hvd.size()} but the barrier stage has {size} tasks")
+        super().__init__(rank, size)
+        self._hvd = hvd
+        # Partition id -> Horovod rank, so `broadcast(root=partition)` means the same on every backend.
+        self._hvd_rank = {p: int(m) for p, m in enumerate(ctx.allGather(str(slot.rank)))}
+        self._open = True
+
+    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        return self._hvd.allreduce(flat, op=self._hvd.Sum, name="blocksync.flat")
+
+    def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return self._hvd.broadcast(flat, root_rank=self._hvd_rank[root], name="blocksync.bcast")
+
+    def close(self) -> None:
+        if self._open:
+            self._hvd.shutdown()
+            self._open = False
+
+
+def start_collective(backend: str, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> Collective:
+    if backend == "horovod":
+        return HorovodCollective(ctx, timeout_seconds=timeout_seconds, interface=interface)
+    if backend == "torch_gloo":
+        return TorchGlooCollective(ctx, timeout_seconds=timeout_seconds, interface=interface)
+    if backend == "spark":
+        return SparkCollective(ctx)
+    raise CollectiveError(f"unknown backend {backend!r}")

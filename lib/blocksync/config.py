@@ -1,0 +1,137 @@
+"""Typed training settings.
+
+`TrainConfig` is what the driver resolves before launch; it is plain data (it
+pickles to the executors as is). Every field is validated in `__post_init__`
+with a `ValueError` that names the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Backend = Literal["horovod", "torch_gloo", "spark"]
+SyncMode = Literal["gradients", "parameters"]
+OptimizerName = Literal["sgd", "adam", "adamw"]
+ScheduleName = Literal["constant", "cosine", "step"]
+DeviceName = Literal["cpu", "cuda", "auto"]
+TaskKind = Literal["classification", "regression"]
+
+BACKENDS = ("horovod", "torch_gloo", "spark")
+SYNC_MODES = ("gradients", "parameters")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "step")
+DEVICES = ("cpu", "cuda", "auto")
+TASKS = ("classification", "regression")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}; pick one of those.")
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}={value!r} must be {bound}.")
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    """Which network to build; resolved identically on the driver and every worker."""
+
+    name: str = "mlp"
+    """Registry name (`logreg`, `mlp`, `cnn`) or an import path `package.module:factory`
+    whose factory takes (num_features, num_outputs, **options) and returns an nn.Module."""
+    hidden: list[int] = field(default_factory=lambda: [128, 64])
+    """Hidden layer widths of `mlp`."""
+    dropout: float = 0.0
+    """Dropout after each hidden layer of `mlp` (0 keeps replicas trivially deterministic)."""
+    image_shape: list[int] | None = None
+    """(channels, height, width) for `cnn`; features are reshaped to it. None: square, 1 channel."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to an import-path factory."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("model.name is empty; use logreg, mlp, cnn or 'package.module:factory'.")
+        if any(int(h) <= 0 for h in self.hidden):
+            raise ValueError(f"model.hidden={self.hidden} must hold positive layer widths.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout} must be in [0, 1).")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Everything the barrier stage needs, as plain values."""
+
+    num_workers: int = 4
+    """Number of blocks and of barrier tasks (one Horovod rank each)."""
+    backend: Backend = "horovod"
+    """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
+    (BarrierTaskContext.allGather; only for tiny models)."""
+    sync: SyncMode = "gradients"
+    """`gradients`: all-reduce gradients every step. `parameters`: K local steps, then
+    average parameters (local SGD / federated averaging)."""
+    sync_every: int = 1
+    """K for `sync: parameters`."""
+    task: TaskKind = "classification"
+    """Loss: cross-entropy over `num_classes`, or mean squared error."""
+    num_classes: int | None = None
+    """Output width for classification; None: derived from the labels."""
+    model: ModelSpec = field(default_factory=ModelSpec)
+    """The network."""
+    epochs: int = 10
+    """Passes over every block."""
+    batch_size: int = 128
+    """Global batch size per step, split across workers in proportion to block sizes."""
+    optimizer: OptimizerName = "adam"
+    """Optimizer, identical on every replica."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    momentum: float = 0.9
+    """SGD momentum (ignored by Adam)."""
+    weight_decay: float = 0.0
+    """L2 penalty (decoupled for adamw)."""
+    schedule: ScheduleName = "constant"
+    """Learning-rate schedule over all steps."""
+    warmup_steps: int = 0
+    """Linear warm-up steps before the schedule."""
+    seed: int = 0
+    """Seeds model init (rank 0, then broadcast), block assignment and per-epoch shuffles."""
+    check_every: int = 50
+    """Steps between replica-consistency checks (parameter checksums allGathered); 0: only at the end."""
+    device: DeviceName = "auto"
+    """`auto`: the GPU Spark assigned to the task if CUDA is usable, else CPU."""
+    threads_per_worker: int | None = None
+    """torch intra-op threads per worker; None: spark.task.cpus."""
+    gloo_timeout_seconds: int = 60
+    """Gloo rendezvous/collective timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, torch_gloo timeout)."""
+    network_interface: str | None = None
+    """NIC for Gloo; None: the interface that holds the task's own address (lo on 127.0.0.1)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            self.model = ModelSpec(**self.model)
+        _choice("backend", self.backend, BACKENDS)
+        _choice("sync", self.sync, SYNC_MODES)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("device", self.device, DEVICES)
+        _choice("task", self.task, TASKS)
+        for name in ("num_workers", "sync_every", "epochs", "batch_size", "gloo_timeout_seconds"):
+            _positive(name, getattr(self, name))
+        _positive("lr", self.lr)
+        _positive("warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive("check_every", self.check_every, allow_zero=True)
+        _positive("weight_decay", self.weight_decay, allow_zero=True)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum={self.momentum} must be in [0, 1).")
+        if self.num_classes is not None and self.num_classes < 2:
+            raise ValueError(f"num_classes={self.num_classes} must be >= 2 (or null to derive it).")
+        if self.threads_per_worker is not None:
+            _positive("threads_per_worker", self.threads_per_worker)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,230 @@
+"""Driver side: validate, cut blocks, run the one barrier stage, reassemble the result.
+
+Protocol, from the driver's point of view:
+
+1. Validate the config and the cluster: `num_workers` must fit in the task
+   slots the cluster has *now* (Spark would otherwise wait minutes and then
+   fail a barrier stage), the feature and label columns must exist and be
+   numeric, the data must hold at least one row per worker.
+2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded.
+3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
+   the same for every worker (see `worker` for the per-step protocol).
+4. One barrier stage: `blocks.mapInArrow(worker, schema, barrier=True)`. Never
+   one Spark job per step: Spark scheduling costs far more than a step.
+5. Collect: rank 0's state_dict chunks are joined in order and loaded with
+   safetensors; every rank's timing summary becomes the run's metrics.
+6. A failed stage becomes a `TrainingError` carrying the failing rank's own
+   error line, not a bare Py4JJavaError.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from blocksync.block_data import steps_per_epoch
+from blocksync.blocks import LABEL, BlockInfo, make_blocks
+from blocksync.config import TrainConfig
+from blocksync.models import build_model, validate_spec
+from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """The barrier stage failed; the message carries the worker's own error and rank."""
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns: the trained model (on CPU) and what the run measured."""
+
+    model: torch.nn.Module
+    config: TrainConfig
+    num_features: int
+    num_outputs: int
+    block_sizes: list[int]
+    metrics: dict[str, Any]
+    history: list[dict[str, float]]
+    rank_summaries: list[dict[str, Any]] = field(repr=False)
+
+
+def is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def task_slots(spark: SparkSession) -> int | None:
+    """Barrier tasks the cluster can run at once now, as Spark's own check counts them."""
+    if is_connect(spark):
+        return None  # no SparkContext on a Connect client; Spark's own check applies
+    sc = spark.sparkContext
+    jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # older/other Spark: fall back to cores / task.cpus
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        return sc.defaultParallelism // cpus
+
+
+def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.0) -> None:
+    """Fail fast and clearly when the barrier stage cannot get `num_workers` slots."""
+    deadline = time.monotonic() + wait_seconds
+    slots = task_slots(spark)
+    while slots is not None and slots < num_workers and time.monotonic() < deadline:
+        time.sleep(1.0)  # executors may still be registering
+        slots = task_slots(spark)
+    if slots is not None and slots < num_workers:
+        raise ValueError(
+            f"num_workers={num_workers} but the cluster has {slots} task slots; "
+            "lower num_workers or add executors/cores (a barrier stage needs all its tasks at once)."
+        )
+
+
+def _label_facts(blocks: DataFrame) -> tuple[float, float, int]:
+    row = blocks.agg(
+        F.min(LABEL).alias("lo"), F.max(LABEL).alias("hi"),
+        F.sum(F.when(F.col(LABEL) != F.floor(F.col(LABEL)), 1).otherwise(0)).alias("fractional"),
+    ).collect()[0]
+    return float(row["lo"]), float(row["hi"]), int(row["fractional"] or 0)
+
+
+def resolve_outputs(config: TrainConfig, blocks: DataFrame) -> int:
+    if config.task == "regression":
+        return 1
+    lo, hi, fractional = _label_facts(blocks)
+    if fractional or lo < 0:
+        raise ValueError(
+            f"classification labels must be class indices 0..K-1 (found min {lo:g}, "
+            f"{fractional} non-integer); map classes to indices or set task=regression."
+        )
+    num_classes = config.num_classes or int(hi) + 1
+    if hi >= num_classes:
+        raise ValueError(
+            f"num_classes={num_classes} but labels go up to {int(hi)}; raise num_classes or leave it null."
+        )
+    return max(num_classes, 2)
+
+
+_RANK_LINE = re.compile(r"\[blocksync rank \d+\][^\n]*")
+
+
+def worker_error(err: BaseException) -> TrainingError:
+    """The failing worker's own error line(s) out of Spark's wrapped exception text."""
+    text = str(err)
+    lines = list(dict.fromkeys(_RANK_LINE.findall(text)))
+    if lines:
+        return TrainingError("training failed: " + " | ".join(lines[:4]))
+    tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
+    return TrainingError("training failed in the barrier stage: " + " ".join(tail)[:2000])
+
+
+def train(
+    spark: SparkSession,
+    df: DataFrame,
+    config: TrainConfig,
+    *,
+    features: str | list[str] = "features",
+    label: str = "label",
+) -> TrainResult:
+    """Train `config.model` on `df` by block-synchronous data parallelism.
+
+    `features` names an array<float> column, an ML vector column, or a list of
+    numeric columns; `label` a numeric column (class index or target).
+    """
+    check_slots(spark, config.num_workers)
+    blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed)
+    return train_blocks(spark, blocks, info, config)
+
+
+def train_blocks(spark: SparkSession, blocks: DataFrame, info: BlockInfo, config: TrainConfig) -> TrainResult:
+    """Train on a DataFrame already cut into `num_workers` partitions of (features, label).
+
+    `train` calls this after `make_blocks`; callers with their own partitioning
+    (tests of unequal blocks, for one) may call it directly.
+    """
+    num_partitions = blocks.rdd.getNumPartitions() if not is_connect(spark) else None
+    if num_partitions is not None and num_partitions != config.num_workers:
+        raise ValueError(
+            f"the blocks DataFrame has {num_partitions} partitions but num_workers={config.num_workers}; "
+            "use make_blocks or repartition to num_workers."
+        )
+    num_outputs = resolve_outputs(config, blocks)
+    validate_spec(config.model, info.num_features, num_outputs)
+    total_rows = sum(info.sizes)
+    plan = WorkerPlan(
+        config=config,
+        num_features=info.num_features,
+        num_outputs=num_outputs,
+        total_rows=total_rows,
+        steps_per_epoch=steps_per_epoch(total_rows, config.batch_size),
+    )
+    log.info(
+        "training %s on %d rows in %d blocks, backend=%s, %d steps",
+        config.model.name, total_rows, config.num_workers, config.backend, plan.total_steps,
+    )
+    started = time.perf_counter()
+    try:
+        rows = blocks.mapInArrow(make_worker(plan), RESULT_SCHEMA_DDL, barrier=True).collect()
+    except Exception as err:
+        raise worker_error(err) from err
+    wall_seconds = time.perf_counter() - started
+    return _assemble(config, plan, info, rows, wall_seconds)
+
+
+def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list[Any], wall: float) -> TrainResult:
+    from safetensors.torch import load
+
+    chunks = sorted((r["seq"], r["payload"]) for r in rows if r["kind"] == "model")
+    summaries = sorted((json.loads(r["payload"]) for r in rows if r["kind"] == "summary"), key=lambda s: s["rank"])
+    if not chunks or len(summaries) != config.num_workers:
+        raise TrainingError(
+            f"the barrier stage returned {len(chunks)} model chunks and {len(summaries)} of "
+            f"{config.num_workers} rank summaries"
+        )
+    state = load(b"".join(bytes(p) for _, p in chunks))
+    model = build_model(config.model, plan.num_features, plan.num_outputs)
+    model.load_state_dict(state)
+    model.eval()
+    return TrainResult(
+        model=model,
+        config=config,
+        num_features=plan.num_features,
+        num_outputs=plan.num_outputs,
+        block_sizes=[s["rows"] for s in summaries],
+        metrics=run_metrics(config, plan, summaries, wall),
+        history=summaries[0]["history"],
+        rank_summaries=summaries,
+    )
+
+
+def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """Throughput and the share of step time spent in the collective, from every rank's timings."""
+    step_time = [sum(map(sum, s["step_timings"])) for s in summaries]
+    sync_time = [sum(t[2] for t in s["step_timings"]) for s in summaries]
+    train_seconds = max(s["train_seconds"] for s in summaries)
+    samples = plan.total_rows * config.epochs
+    return {
+        "epochs": config.epochs,
+        "steps": plan.total_steps,
+        "num_workers": config.num_workers,
+        "backend": config.backend,
+        "sync": config.sync,
+        "train_loss": summaries[0]["history"][-1]["train_loss"],
+        "samples_per_sec": samples / train_seconds if train_seconds > 0 else float("nan"),
+        "train_seconds": train_seconds,
+        "stage_seconds": wall,
+        "startup_seconds": max(s["startup_seconds"] for s in summaries),
+        "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
+        "bytes_sent": sum(s["bytes_sent"] for s in summaries),
+        "median_step_ms": 1000 * statistics.median(sum(t) for t in summaries[0]["step_timings"]),
+    }

@@ -1,0 +1,43 @@
+"""Optimizer and learning-rate schedule, built identically on every replica."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from blocksync.config import TrainConfig
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = list(model.parameters())
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, total_steps: int, cfg: TrainConfig) -> float:
+    """Multiplier of `cfg.lr` at 0-based `step`: linear warm-up, then the schedule."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 0.1 ** int(progress * 3)  # "step": x0.1 at 1/3 and 2/3 of training
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    """Summed (not averaged) loss, so workers' sums add up to the global batch's."""
+    if task == "classification":
+        return nn.functional.cross_entropy(outputs, labels.long(), reduction="sum")
+    return nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype), reduction="sum")

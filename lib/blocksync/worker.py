@@ -1,0 +1,315 @@
+"""Worker side: the function each barrier task runs (one per block, one rank each).
+
+Synchronization protocol, step by step (every rank runs the same sequence, so
+the collectives always match and unequal blocks cannot deadlock):
+
+1. Load: the task's Arrow batches become one float32 tensor block, kept for all
+   epochs (`block_data.arrow_to_block`, no per-row Python).
+2. Agree: `allGather` of (rows, features, label range, errors). If any rank
+   found a problem, every rank raises the same error, so none is left waiting.
+   The step count per epoch was fixed by the driver from the global row count.
+3. Start the collective backend (`collectives.start_collective`).
+4. Rank 0's initial parameters are broadcast; every replica starts identical.
+5. Each step: the worker takes its slice of a seeded per-epoch permutation
+   (slices proportional to block size), computes the *summed* loss and its
+   gradients, and packs [all gradients, local count, local loss sum] into one
+   flat buffer: one all-reduce per step. Dividing by the summed count gives the
+   mean gradient of the global batch (the union of the local batches) on every
+   rank; every replica then takes the identical optimizer step.
+   In `sync: parameters` mode, the worker steps on its own mean gradient and
+   every `sync_every` steps (and at the end) all-reduces
+   [parameters x samples since the last sync, samples] and sets the
+   sample-weighted average (local SGD / federated averaging).
+6. Every `check_every` steps and at the end: `allGather` of a SHA-1 of the
+   parameter bytes; a rank whose digest differs from rank 0's raises
+   `ReplicaDivergence` naming it.
+7. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
+   chunks; every rank emits its timing summary. The collective is closed in
+   `finally`.
+
+The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from blocksync.block_data import arrow_to_block, batch_slices, epoch_permutation
+from blocksync.collectives import Collective, start_collective
+from blocksync.config import TrainConfig
+from blocksync.models import build_model
+from blocksync.optim import build_optimizer, build_schedule, loss_sum
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 * 1024 * 1024
+RESULT_SCHEMA = pa.schema(
+    [("kind", pa.string()), ("rank", pa.int32()), ("seq", pa.int32()), ("payload", pa.binary())]
+)
+RESULT_SCHEMA_DDL = "kind string, rank int, seq int, payload binary"
+
+
+class ReplicaDivergence(RuntimeError):
+    """Replicas no longer hold identical parameters after a sync."""
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything a worker needs, resolved by the driver into plain values."""
+
+    config: TrainConfig
+    num_features: int
+    num_outputs: int
+    total_rows: int
+    steps_per_epoch: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.config.epochs
+
+
+def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.device, str | None]:
+    """(device, warning). `auto` uses the task's GPU when CUDA works, else the CPU."""
+    cuda_ok = torch.cuda.is_available()
+    if requested == "cpu":
+        return torch.device("cpu"), None
+    if requested == "cuda" and not cuda_ok:
+        raise RuntimeError("device='cuda' was requested but CUDA is not available in this executor's torch")
+    if gpu_addresses and cuda_ok:
+        return torch.device(f"cuda:{int(gpu_addresses[0])}"), None
+    if requested == "cuda":
+        return torch.device("cuda"), None
+    if gpu_addresses:
+        return torch.device("cpu"), f"Spark assigned GPU {gpu_addresses} but CUDA is unavailable; training on CPU"
+    return torch.device("cpu"), None
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_replicas(coll: Collective, model: torch.nn.Module, step: int) -> None:
+    digests = coll.gather_digests(params_digest(model))
+    bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    if bad:
+        raise ReplicaDivergence(
+            f"replica(s) {bad} diverged from rank 0 after step {step} (parameter digests differ)"
+        )
+
+
+def _flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
+def _set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).device), model.parameters())
+
+
+def _state_chunks(model: torch.nn.Module) -> Iterator[bytes]:
+    from safetensors.torch import save
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    blob = save(state)
+    for start in range(0, len(blob), CHUNK_BYTES):
+        yield blob[start : start + CHUNK_BYTES]
+
+
+def _rows(kind: str, rank: int, payloads: list[bytes]) -> pa.RecordBatch:
+    n = len(payloads)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([kind] * n), pa.array([rank] * n, pa.int32()), pa.array(range(n), pa.int32()),
+         pa.array(payloads, pa.binary())],
+        schema=RESULT_SCHEMA,
+    )
+
+
+def _validate_block(plan: WorkerPlan, x: np.ndarray, y: np.ndarray) -> str:
+    if x.shape[0] and x.shape[1] != plan.num_features:
+        return f"block has {x.shape[1]} features, expected {plan.num_features}"
+    if not np.isfinite(x).all():
+        return f"{int((~np.isfinite(x)).any(axis=1).sum())} rows have NaN or infinite features"
+    if plan.config.task == "classification" and y.size:
+        bad = (y < 0) | (y >= plan.num_outputs) | (y != np.floor(y))
+        if bad.any():
+            return f"{int(bad.sum())} labels are not class indices in [0, {plan.num_outputs})"
+    return ""
+
+
+def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) -> Iterator[pa.RecordBatch]:
+    cfg = plan.config
+    rank = ctx.partitionId()
+    threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
+    torch.set_num_threads(threads)
+    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+    device, warning = select_device(cfg.device, gpus)
+    if warning:
+        log.warning("rank %d: %s", rank, warning)
+
+    t0 = time.perf_counter()
+    x_np, y_np = arrow_to_block(batches)
+    problem = _validate_block(plan, x_np, y_np)
+    facts = [json.loads(m) for m in ctx.allGather(json.dumps({"rows": int(x_np.shape[0]), "error": problem}))]
+    errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
+    if errors:
+        raise ValueError("; ".join(errors))
+    rows = [f["rows"] for f in facts]
+    if sum(rows) != plan.total_rows:
+        raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
+    x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
+    y = torch.from_numpy(y_np).to(device)
+    load_seconds = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    coll = start_collective(
+        cfg.backend, ctx, timeout_seconds=cfg.gloo_timeout_seconds, interface=cfg.network_interface
+    )
+    startup_seconds = time.perf_counter() - t0
+    try:
+        yield from _train(plan, coll, ctx, x, y, device, load_seconds, startup_seconds, threads)
+    finally:
+        coll.close()
+
+
+def _train(
+    plan: WorkerPlan, coll: Collective, ctx: Any, x: torch.Tensor, y: torch.Tensor,
+    device: torch.device, load_seconds: float, startup_seconds: float, threads: int,
+) -> Iterator[pa.RecordBatch]:
+    cfg = plan.config
+    rank, n_local = coll.rank, int(x.shape[0])
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
+    _set_params(model, coll.broadcast(_flat_params(model).contiguous(), root=0))
+    model.train()
+    optimizer = build_optimizer(model, cfg)
+    schedule = build_schedule(optimizer, plan.total_steps, cfg)
+    params = list(model.parameters())
+    num_params = sum(p.numel() for p in params)
+    for p in params:  # gradients exist from the start, so an empty local batch still all-reduces zeros
+        p.grad = torch.zeros_like(p)
+
+    timings = np.zeros((plan.total_steps, 4), dtype=np.float64)  # data, compute, sync, optimizer
+    history: list[dict[str, float]] = []
+    bytes_sent = 0.0
+    samples_since_sync = 0.0
+    step = 0
+    train_start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        order = torch.from_numpy(epoch_permutation(n_local, cfg.seed, rank, epoch)).to(device)
+        epoch_loss, epoch_count = 0.0, 0.0
+        for lo, hi in batch_slices(n_local, plan.steps_per_epoch):
+            t_data = time.perf_counter()
+            idx = order[lo:hi]
+            xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+            t_compute = time.perf_counter()
+            optimizer.zero_grad(set_to_none=False)
+            count = float(hi - lo)
+            if count:
+                loss = loss_sum(model(xb), yb, cfg.task)
+                loss.backward()
+                local_loss = float(loss.detach())
+            else:
+                local_loss = 0.0
+            t_sync = time.perf_counter()
+            if cfg.sync == "gradients":
+                flat = torch.cat([p.grad.reshape(-1) for p in params]
+                                 + [torch.tensor([count, local_loss], device=device)])
+                flat = coll.allreduce_sum(flat)
+                bytes_sent += coll.bytes_per_allreduce(flat.numel() * 4)
+                total = float(flat[-2])
+                torch.nn.utils.vector_to_parameters(flat[:num_params] / total, [p.grad for p in params])
+                step_loss, step_count = float(flat[-1]), total
+            else:
+                if count:
+                    for p in params:
+                        p.grad.div_(count)
+                samples_since_sync += count
+                step_loss, step_count = local_loss, count
+            t_opt = time.perf_counter()
+            if cfg.sync == "gradients" or count:
+                optimizer.step()
+            schedule.step()
+            step += 1
+            t_end = time.perf_counter()
+            averaging = 0.0
+            if cfg.sync == "parameters" and (step % cfg.sync_every == 0 or step == plan.total_steps):
+                bytes_sent += _average_parameters(coll, model, samples_since_sync)
+                samples_since_sync = 0.0
+                averaging = time.perf_counter() - t_end
+            timings[step - 1] = (t_compute - t_data, t_sync - t_compute, t_opt - t_sync + averaging, t_end - t_opt)
+            epoch_loss += step_loss
+            epoch_count += step_count
+            if cfg.check_every and step % cfg.check_every == 0:
+                check_replicas(coll, model, step)
+        history.append({"epoch": epoch + 1, "step": step, "train_loss": epoch_loss / max(epoch_count, 1.0)})
+    train_seconds = time.perf_counter() - train_start
+    check_replicas(coll, model, step)
+
+    if cfg.sync == "parameters":
+        # Epoch losses were local; report the sample-weighted mean over ranks.
+        losses = [json.loads(m) for m in ctx.allGather(json.dumps([h["train_loss"] for h in history]))]
+        rows = [json.loads(m) for m in ctx.allGather(json.dumps(n_local))]
+        for e, h in enumerate(history):
+            h["train_loss"] = sum(lv[e] * r for lv, r in zip(losses, rows, strict=True)) / sum(rows)
+
+    summary = {
+        "rank": rank,
+        "host": os.uname().nodename,
+        "device": str(device),
+        "threads": threads,
+        "rows": n_local,
+        "steps": step,
+        "load_seconds": load_seconds,
+        "startup_seconds": startup_seconds,
+        "train_seconds": train_seconds,
+        "bytes_sent": bytes_sent,
+        "num_params": num_params,
+        "step_timings": timings.round(7).tolist(),
+        "history": history if rank == 0 else [],
+        "digest": params_digest(model),
+    }
+    if rank == 0:
+        yield _rows("model", rank, list(_state_chunks(model)))
+    yield _rows("summary", rank, [json.dumps(summary).encode()])
+
+
+def _average_parameters(coll: Collective, model: torch.nn.Module, weight: float) -> float:
+    """Set every replica to the sample-weighted mean of the replicas' parameters."""
+    params = _flat_params(model)
+    flat = torch.cat([params * weight, torch.tensor([weight], device=params.device)])
+    flat = coll.allreduce_sum(flat)
+    _set_params(model, flat[:-1] / float(flat[-1]))
+    return coll.bytes_per_allreduce(flat.numel() * 4)
+
+
+def make_worker(plan: WorkerPlan):
+    """The function handed to `mapInArrow(..., barrier=True)`; pickles `plan` only."""
+
+    def worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        try:
+            yield from run_worker(plan, batches, ctx)
+        except Exception as err:
+            # The driver extracts this line, so the user sees the worker's own error and rank.
+            detail = traceback.format_exc(limit=-3)
+            raise RuntimeError(
+                f"[blocksync rank {ctx.partitionId()}] {type(err).__name__}: {err}\n{detail}"
+            ) from err
+
+    return worker
