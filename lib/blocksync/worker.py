@@ -269,6 +269,7 @@ def _train(
     summary = {
         "rank": rank,
         "host": os.uname().nodename,
+        "task_address": ctx.getTaskInfos()[rank].address,
         "device": str(device),
         "threads": threads,
         "rows": n_local,
