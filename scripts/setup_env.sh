@@ -47,6 +47,17 @@ case "$javaver" in
   *) die "Java 17 is required by Spark 4 (found '$javaver'). Install openjdk-17 and put it first on PATH." ;;
 esac
 
+# A Horovod build is needed unless the cache holds a wheel for the pinned torch.
+torch_pin=$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' requirements.lock)
+variant=cpu
+[ "${BLOCKSYNC_CUDA:-0}" = 1 ] && variant=cuda
+key="horovod-${HOROVOD_VERSION}_torch-${torch_pin}_cp${pyver/./}_${variant}"
+wheel_dir="$CACHE/$key"
+if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 && ! [ -f "$VENV/.blocksync-setup" ]; then
+  command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 \
+    || die "no C++ compiler found, and no cached Horovod wheel in $wheel_dir: Horovod is built from source. Install one (Debian: apt-get install g++)."
+fi
+
 # --- the venv and the pinned packages ---------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating virtual environment $VENV with $py"
@@ -72,10 +83,7 @@ pip_install -q -r requirements.lock
 pip_install -q --no-deps -e .
 
 torch_version=$("$vpy" -c 'import torch; print(torch.__version__.split("+")[0])')
-variant=cpu
-[ "${BLOCKSYNC_CUDA:-0}" = 1 ] && variant=cuda
-key="horovod-${HOROVOD_VERSION}_torch-${torch_version}_cp${pyver/./}_${variant}"
-wheel_dir="$CACHE/$key"
+[ "$torch_version" = "$torch_pin" ] || die "installed torch $torch_version differs from the pin $torch_pin in requirements.lock."
 
 installed_ok() {
   "$vpy" - <<'EOF' 2>/dev/null

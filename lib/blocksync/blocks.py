@@ -120,7 +120,6 @@ def make_blocks(
     seed: int,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo)."""
-    spark = df.sparkSession
     data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL))
 
     key = F.xxhash64(F.lit(seed), F.col(FEATURES), F.col(LABEL))
@@ -139,7 +138,8 @@ def make_blocks(
     dims = {int(r["dmin"]) for r in stats} | {int(r["dmax"]) for r in stats}
     if len(dims) != 1 or -1 in dims:
         raise ValueError(
-            f"feature arrays have differing lengths {sorted(dims)} (or nulls); every row needs the same number of features."
+            f"feature arrays have differing lengths {sorted(dims)} (or nulls); "
+            "every row needs the same number of features."
         )
     num_features = dims.pop()
     if num_features == 0:

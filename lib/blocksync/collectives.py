@@ -167,7 +167,7 @@ class TorchGlooCollective(Collective):
             dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
         except Exception as err:
             raise CollectiveError(f"torch.distributed gloo failed to start on rank {rank}: {err}") from err
-        self._store = store
+        self._store: Any = store  # kept alive until close
         self._group_started = True
 
     def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:

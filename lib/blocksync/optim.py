@@ -32,7 +32,9 @@ def lr_factor(step: int, total_steps: int, cfg: TrainConfig) -> float:
     return 0.1 ** int(progress * 3)  # "step": x0.1 at 1/3 and 2/3 of training
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig
+) -> torch.optim.lr_scheduler.LRScheduler:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 

@@ -199,8 +199,11 @@ def _train(
     schedule = build_schedule(optimizer, plan.total_steps, cfg)
     params = list(model.parameters())
     num_params = sum(p.numel() for p in params)
-    for p in params:  # gradients exist from the start, so an empty local batch still all-reduces zeros
-        p.grad = torch.zeros_like(p)
+    # Gradients exist from the start, so an empty local batch still all-reduces zeros;
+    # zero_grad(set_to_none=False) and backward() keep writing into these same tensors.
+    grads = [torch.zeros_like(p) for p in params]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
 
     timings = np.zeros((plan.total_steps, 4), dtype=np.float64)  # data, compute, sync, optimizer
     history: list[dict[str, float]] = []
@@ -226,17 +229,17 @@ def _train(
                 local_loss = 0.0
             t_sync = time.perf_counter()
             if cfg.sync == "gradients":
-                flat = torch.cat([p.grad.reshape(-1) for p in params]
+                flat = torch.cat([g.reshape(-1) for g in grads]
                                  + [torch.tensor([count, local_loss], device=device)])
                 flat = coll.allreduce_sum(flat)
                 bytes_sent += coll.bytes_per_allreduce(flat.numel() * 4)
                 total = float(flat[-2])
-                torch.nn.utils.vector_to_parameters(flat[:num_params] / total, [p.grad for p in params])
+                torch.nn.utils.vector_to_parameters(flat[:num_params] / total, grads)
                 step_loss, step_count = float(flat[-1]), total
             else:
                 if count:
-                    for p in params:
-                        p.grad.div_(count)
+                    for g in grads:
+                        g.div_(count)
                 samples_since_sync += count
                 step_loss, step_count = local_loss, count
             t_opt = time.perf_counter()
