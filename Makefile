@@ -9,7 +9,7 @@ setup:
 	bash scripts/setup_env.sh
 
 demo: setup
-	$(PY) jobs/demo.py
+	$(VENV)/bin/blocksync run --config conf/local.yaml --overwrite
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -18,7 +18,7 @@ bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check lib tests jobs benchmarks
+	$(VENV)/bin/ruff check lib tests jobs
 	$(VENV)/bin/mypy
 
 clean:

@@ -35,6 +35,7 @@ from blocksync.block_data import steps_per_epoch
 from blocksync.blocks import LABEL, BlockInfo, make_blocks
 from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
+from blocksync.progress import ProgressServer
 from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,13 @@ def task_slots(spark: SparkSession) -> int | None:
 
 
 def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.0) -> None:
-    """Fail fast and clearly when the barrier stage cannot get `num_workers` slots."""
+    """Fail fast and clearly when the barrier stage cannot get `num_workers` slots.
+
+    On a cluster, executors may still be registering: wait up to `wait_seconds`.
+    In local mode the slots are fixed, so there is nothing to wait for.
+    """
+    if not is_connect(spark) and spark.sparkContext.master.startswith("local"):
+        wait_seconds = 0.0
     deadline = time.monotonic() + wait_seconds
     slots = task_slots(spark)
     while slots is not None and slots < num_workers and time.monotonic() < deadline:
@@ -135,18 +142,23 @@ def train(
     *,
     features: str | list[str] = "features",
     label: str = "label",
+    progress: str = "off",
 ) -> TrainResult:
     """Train `config.model` on `df` by block-synchronous data parallelism.
 
     `features` names an array<float> column, an ML vector column, or a list of
     numeric columns; `label` a numeric column (class index or target).
+    `progress`: "bar" (tqdm on stderr, fed by rank 0 during the stage), "log"
+    (a log line per epoch) or "off".
     """
     check_slots(spark, config.num_workers)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed)
-    return train_blocks(spark, blocks, info, config)
+    return train_blocks(spark, blocks, info, config, progress=progress)
 
 
-def train_blocks(spark: SparkSession, blocks: DataFrame, info: BlockInfo, config: TrainConfig) -> TrainResult:
+def train_blocks(
+    spark: SparkSession, blocks: DataFrame, info: BlockInfo, config: TrainConfig, *, progress: str = "off"
+) -> TrainResult:
     """Train on a DataFrame already cut into `num_workers` partitions of (features, label).
 
     `train` calls this after `make_blocks`; callers with their own partitioning
@@ -161,12 +173,18 @@ def train_blocks(spark: SparkSession, blocks: DataFrame, info: BlockInfo, config
     num_outputs = resolve_outputs(config, blocks)
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
+    per_epoch = steps_per_epoch(total_rows, config.batch_size)
+    server = None
+    if progress != "off" and not is_connect(spark):
+        host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+        server = ProgressServer(host, per_epoch * config.epochs, show_bar=progress == "bar")
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,
         num_outputs=num_outputs,
         total_rows=total_rows,
-        steps_per_epoch=steps_per_epoch(total_rows, config.batch_size),
+        steps_per_epoch=per_epoch,
+        progress_address=server.address if server else None,
     )
     log.info(
         "training %s on %d rows in %d blocks, backend=%s, %d steps",
@@ -177,6 +195,9 @@ def train_blocks(spark: SparkSession, blocks: DataFrame, info: BlockInfo, config
         rows = blocks.mapInArrow(make_worker(plan), RESULT_SCHEMA_DDL, barrier=True).collect()
     except Exception as err:
         raise worker_error(err) from err
+    finally:
+        if server is not None:
+            server.close()
     wall_seconds = time.perf_counter() - started
     return _assemble(config, plan, info, rows, wall_seconds)
 
@@ -209,8 +230,9 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
 
 def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """Throughput and the share of step time spent in the collective, from every rank's timings."""
-    step_time = [sum(map(sum, s["step_timings"])) for s in summaries]
-    sync_time = [sum(t[2] for t in s["step_timings"]) for s in summaries]
+    # step_timings rows: start, data, compute, sync, optimizer (seconds)
+    step_time = [sum(sum(t[1:]) for t in s["step_timings"]) for s in summaries]
+    sync_time = [sum(t[3] for t in s["step_timings"]) for s in summaries]
     train_seconds = max(s["train_seconds"] for s in summaries)
     samples = plan.total_rows * config.epochs
     return {
@@ -219,6 +241,7 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "num_workers": config.num_workers,
         "backend": config.backend,
         "sync": config.sync,
+        "compression": "none",  # gradient compression is not implemented yet: buffers travel as float32
         "train_loss": summaries[0]["history"][-1]["train_loss"],
         "samples_per_sec": samples / train_seconds if train_seconds > 0 else float("nan"),
         "train_seconds": train_seconds,
@@ -226,5 +249,5 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "startup_seconds": max(s["startup_seconds"] for s in summaries),
         "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
-        "median_step_ms": 1000 * statistics.median(sum(t) for t in summaries[0]["step_timings"]),
+        "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
     }

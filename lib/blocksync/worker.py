@@ -51,6 +51,7 @@ from blocksync.collectives import Collective, start_collective
 from blocksync.config import TrainConfig
 from blocksync.models import build_model
 from blocksync.optim import build_optimizer, build_schedule, loss_sum
+from blocksync.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class WorkerPlan:
     num_outputs: int
     total_rows: int
     steps_per_epoch: int
+    progress_address: str | None = None
+    """host:port of the driver's progress listener (rank 0 reports there), or None."""
 
     @property
     def total_steps(self) -> int:
@@ -205,43 +208,44 @@ def _train(
     for p, g in zip(params, grads, strict=True):
         p.grad = g
 
-    timings = np.zeros((plan.total_steps, 4), dtype=np.float64)  # data, compute, sync, optimizer
-    history: list[dict[str, float]] = []
+    # Per step: start (s since training began), data, compute, sync, optimizer seconds.
+    timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
+    reporter = ProgressReporter(plan.progress_address if rank == 0 else None)
+    epoch_totals: list[np.ndarray] = []
+    classification = cfg.task == "classification"
     bytes_sent = 0.0
     samples_since_sync = 0.0
     step = 0
     train_start = time.perf_counter()
     for epoch in range(cfg.epochs):
         order = torch.from_numpy(epoch_permutation(n_local, cfg.seed, rank, epoch)).to(device)
-        epoch_loss, epoch_count = 0.0, 0.0
+        epoch_stats = np.zeros(3)  # samples, summed loss, correct predictions (all ranks in gradient mode)
         for lo, hi in batch_slices(n_local, plan.steps_per_epoch):
             t_data = time.perf_counter()
             idx = order[lo:hi]
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             t_compute = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
+            stats = torch.zeros(3, dtype=torch.float32, device=device)
             count = float(hi - lo)
             if count:
-                loss = loss_sum(model(xb), yb, cfg.task)
+                out = model(xb)
+                loss = loss_sum(out, yb, cfg.task)
                 loss.backward()
-                local_loss = float(loss.detach())
-            else:
-                local_loss = 0.0
+                stats[0], stats[1] = count, loss.detach()
+                if classification:
+                    stats[2] = (out.detach().argmax(1) == yb.long()).sum()
             t_sync = time.perf_counter()
             if cfg.sync == "gradients":
-                flat = torch.cat([g.reshape(-1) for g in grads]
-                                 + [torch.tensor([count, local_loss], device=device)])
-                flat = coll.allreduce_sum(flat)
+                flat = coll.allreduce_sum(torch.cat([g.reshape(-1) for g in grads] + [stats]))
                 bytes_sent += coll.bytes_per_allreduce(flat.numel() * 4)
-                total = float(flat[-2])
-                torch.nn.utils.vector_to_parameters(flat[:num_params] / total, grads)
-                step_loss, step_count = float(flat[-1]), total
+                stats = flat[num_params:]
+                torch.nn.utils.vector_to_parameters(flat[:num_params] / float(stats[0]), grads)
             else:
                 if count:
                     for g in grads:
                         g.div_(count)
                 samples_since_sync += count
-                step_loss, step_count = local_loss, count
             t_opt = time.perf_counter()
             if cfg.sync == "gradients" or count:
                 optimizer.step()
@@ -253,21 +257,29 @@ def _train(
                 bytes_sent += _average_parameters(coll, model, samples_since_sync)
                 samples_since_sync = 0.0
                 averaging = time.perf_counter() - t_end
-            timings[step - 1] = (t_compute - t_data, t_sync - t_compute, t_opt - t_sync + averaging, t_end - t_opt)
-            epoch_loss += step_loss
-            epoch_count += step_count
+            timings[step - 1] = (t_data - train_start, t_compute - t_data, t_sync - t_compute,
+                                 t_opt - t_sync + averaging, t_end - t_opt)
+            epoch_stats += stats.cpu().numpy()
             if cfg.check_every and step % cfg.check_every == 0:
                 check_replicas(coll, model, step)
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": epoch_loss / max(epoch_count, 1.0)})
+            reporter.update(epoch=epoch + 1, step=step, loss=epoch_stats[1] / max(epoch_stats[0], 1.0),
+                            samples_per_sec=_rate(plan, step, train_start))
+        epoch_totals.append(epoch_stats)
+        reporter.update(epoch=epoch + 1, step=step, loss=epoch_stats[1] / max(epoch_stats[0], 1.0),
+                        samples_per_sec=_rate(plan, step, train_start), epoch_end=True)
+    reporter.close()
     train_seconds = time.perf_counter() - train_start
     check_replicas(coll, model, step)
 
-    if cfg.sync == "parameters":
-        # Epoch losses were local; report the sample-weighted mean over ranks.
-        losses = [json.loads(m) for m in ctx.allGather(json.dumps([h["train_loss"] for h in history]))]
-        rows = [json.loads(m) for m in ctx.allGather(json.dumps(n_local))]
-        for e, h in enumerate(history):
-            h["train_loss"] = sum(lv[e] * r for lv, r in zip(losses, rows, strict=True)) / sum(rows)
+    if cfg.sync == "parameters":  # epoch statistics were local: add them up over ranks
+        gathered = [json.loads(m) for m in ctx.allGather(json.dumps([e.tolist() for e in epoch_totals]))]
+        epoch_totals = list(np.sum(np.asarray(gathered), axis=0))
+    history = []
+    for e, (samples, loss_total, correct) in enumerate(epoch_totals):
+        entry = {"epoch": e + 1, "step": (e + 1) * plan.steps_per_epoch, "train_loss": loss_total / samples}
+        if classification:
+            entry["train_accuracy"] = correct / samples
+        history.append(entry)
 
     summary = {
         "rank": rank,
@@ -289,6 +301,11 @@ def _train(
     if rank == 0:
         yield _rows("model", rank, list(_state_chunks(model)))
     yield _rows("summary", rank, [json.dumps(summary).encode()])
+
+
+def _rate(plan: WorkerPlan, step: int, since: float) -> float:
+    """Global samples per second so far."""
+    return plan.total_rows * step / plan.steps_per_epoch / max(time.perf_counter() - since, 1e-9)
 
 
 def _average_parameters(coll: Collective, model: torch.nn.Module, weight: float) -> float:

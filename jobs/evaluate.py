@@ -1,0 +1,11 @@
+"""spark-submit entry point for the `evaluate` stage; the same as `blocksync evaluate`.
+
+    spark-submit jobs/evaluate.py --config conf/local.yaml [key.sub=value ...]
+"""
+
+import sys
+
+from blocksync.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], stage="evaluate"))

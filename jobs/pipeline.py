@@ -1,0 +1,11 @@
+"""spark-submit entry point for a whole run (prepare, train, evaluate); the same as `blocksync run`.
+
+    spark-submit jobs/pipeline.py --config conf/local.yaml [--overwrite] [key.sub=value ...]
+"""
+
+import sys
+
+from blocksync.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], stage="run"))

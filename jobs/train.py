@@ -1,0 +1,11 @@
+"""spark-submit entry point for the `train` stage; the same as `blocksync train`.
+
+    spark-submit jobs/train.py --config conf/local.yaml [key.sub=value ...]
+"""
+
+import sys
+
+from blocksync.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], stage="train"))

@@ -1,0 +1,125 @@
+"""Run-directory artifacts: the model (safetensors + model.json), atomic writes, loading back.
+
+A model directory holds `model.safetensors` (weights only: loading never
+unpickles code) and `model.json` (model spec, feature columns,
+standardization, label mapping, task). `load_model` rebuilds the network from
+the registry and returns a `SavedModel` that predicts from raw features the
+same way the Spark scoring stage does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from blocksync.config import ModelSpec
+from blocksync.models import build_model
+
+WEIGHTS = "model.safetensors"
+META = "model.json"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def move_into_place(staged: Path, target: Path, *, overwrite: bool) -> None:
+    """Rename `staged` to `target`; an existing target is replaced only with `overwrite`."""
+    if target.exists():
+        if not overwrite:
+            raise FileExistsError(f"{target} already exists; pass --overwrite or choose another output_dir.")
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, old)
+        os.replace(staged, target)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, target)
+
+
+def save_model(directory: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    """Write weights and metadata into `directory` (which the caller stages and renames)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS))
+    (directory / META).write_text(json.dumps(meta, indent=1, default=str))
+
+
+@dataclass
+class SavedModel:
+    """A trained network with what it needs to score raw features."""
+
+    module: torch.nn.Module
+    meta: dict[str, Any]
+
+    @property
+    def task(self) -> str:
+        return str(self.meta["task"])
+
+    @property
+    def labels(self) -> list[Any] | None:
+        return self.meta.get("labels")
+
+    def standardize(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float32)
+        if self.meta.get("mean") is None:
+            return x
+        # float32 input, float64 arithmetic, float32 result: the same operations as the prepare stage in Spark.
+        mean = np.asarray(self.meta["mean"], dtype=np.float64)
+        std = np.asarray(self.meta["std"], dtype=np.float64)
+        return ((x.astype(np.float64) - mean) / std).astype(np.float32)
+
+    def outputs(self, prepared_features: np.ndarray) -> np.ndarray:
+        """Network outputs (class probabilities, or the regression value) for already-standardized rows."""
+        with torch.no_grad():
+            out = self.module(torch.from_numpy(np.ascontiguousarray(prepared_features, dtype=np.float32)))
+            if self.task == "classification":
+                return torch.softmax(out, dim=1).numpy().astype(np.float64)
+            return out.squeeze(-1).numpy().astype(np.float64)
+
+    def predict(self, raw_features: np.ndarray) -> np.ndarray:
+        """Class index (classification) or value (regression) for raw feature rows."""
+        out = self.outputs(self.standardize(raw_features))
+        return out.argmax(axis=1) if self.task == "classification" else out
+
+
+def model_meta(spec: ModelSpec, num_features: int, num_outputs: int, prepared: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": "blocksync-model/1",
+        "model": asdict(spec),
+        "num_features": num_features,
+        "num_outputs": num_outputs,
+        **{k: prepared.get(k) for k in ("task", "feature_columns", "label_column", "labels", "mean", "std")},
+    }
+
+
+def load_model(path: str | Path) -> SavedModel:
+    """Load a model directory written by a run (`<run>/model`), or the run directory itself."""
+    from safetensors.torch import load_file
+
+    directory = Path(path)
+    if (directory / "model" / META).is_file():
+        directory = directory / "model"
+    if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
+        raise ValueError(f"{path} holds no blocksync model ({META} and {WEIGHTS}); give a run's model directory.")
+    meta = json.loads((directory / META).read_text())
+    module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
+    state = load_file(str(directory / WEIGHTS))
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{directory / WEIGHTS} does not match the model in {META}: {err}") from err
+    module.eval()
+    return SavedModel(module=module, meta=meta)

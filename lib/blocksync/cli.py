@@ -1,0 +1,137 @@
+"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`.
+
+The console script and `spark-submit jobs/<stage>.py` both call `main`.
+Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
+traceback); 1 runtime failure (the message, with the failing worker's own
+error and rank when a worker failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+STAGES = ("prepare", "train", "evaluate", "run")
+log = logging.getLogger("blocksync")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} ({self.format_usage().strip()})")
+
+
+class UsageError(ValueError):
+    """Bad command line."""
+
+
+def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
+                     description="Block-synchronous PyTorch training on Spark.")
+    if stage is None:
+        parser.add_argument("stage", choices=STAGES, help="what to run")
+    parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar; log lines only")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
+    return parser
+
+
+def session_for(config):  # type: ignore[no-untyped-def]
+    """The SparkSession for a run: under spark-submit its command-line settings win."""
+    from pyspark.sql import SparkSession
+
+    from blocksync.session import LOCAL_DEFAULTS, local_session
+
+    settings = config.spark
+    conf = {k: str(v) for k, v in settings.conf.items()}
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: its settings win
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()
+        submitted = SparkConf()
+        builder = SparkSession.builder.appName(settings.app_name)
+        defaults = LOCAL_DEFAULTS if submitted.get("spark.master", "").startswith("local") else {}
+        for key, value in {**defaults, **conf}.items():
+            if not submitted.contains(key):
+                builder = builder.config(key, value)
+        return builder.getOrCreate()
+    master = settings.master or "local[4]"
+    if master.startswith("local"):
+        return local_session(master, settings.app_name, conf)
+    builder = SparkSession.builder.master(master).appName(settings.app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def execute(stage: str, args: argparse.Namespace) -> int:
+    from blocksync import pipeline
+    from blocksync.run_config import load_config
+
+    config = load_config(args.config, args.overrides)
+    if args.quiet:
+        config.progress = False
+    spark = session_for(config)
+    spark.sparkContext.setLogLevel("ERROR")
+    run_dir = Path(config.output_dir)
+    try:
+        if stage == "prepare":
+            meta = pipeline.prepare_stage(spark, config, run_dir, overwrite=args.overwrite)
+            rows = meta["rows"]
+            print(f"prepared {rows['train']} train and {rows['test']} test rows in {run_dir / 'prepared'}")
+        elif stage == "train":
+            result = pipeline.train_stage(spark, config, run_dir, overwrite=args.overwrite)
+            m = result.metrics
+            print(f"trained {m['steps']} steps on {m['num_workers']} workers ({m['backend']}): "
+                  f"train_loss {m['train_loss']:.4f}, {m['samples_per_sec']:.0f} samples/s; "
+                  f"model in {run_dir / 'model'}")
+        elif stage == "evaluate":
+            _print_result(pipeline.evaluate_stage(spark, config, run_dir), run_dir)
+        else:
+            _print_result(pipeline.run(spark, config, overwrite=args.overwrite), run_dir)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _print_result(metrics: dict, run_dir: Path) -> None:
+    if "test_accuracy" in metrics:
+        print(f"test accuracy {metrics['test_accuracy']:.4f}, F1 {metrics['test_f1']:.4f}, "
+              f"log loss {metrics['test_loss']:.4f}")
+    else:
+        print(f"test RMSE {metrics['test_rmse']:.4f}, R2 {metrics['test_r2']:.4f}")
+    print(f"report: {run_dir / 'report.png'}   metrics: {run_dir / 'metrics.json'}")
+
+
+def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
+    """Entry point of the console script (`stage=None`) and of jobs/<stage>.py."""
+    from blocksync.collectives import CollectiveError
+    from blocksync.launcher import TrainingError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "pyspark", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        args = build_parser(stage).parse_intermixed_args(argv)
+        return execute(stage or args.stage, args)
+    except (ValueError, FileExistsError) as err:
+        print(f"blocksync: error: {err}", file=sys.stderr)
+        return 2
+    except (TrainingError, CollectiveError) as err:
+        print(f"blocksync: failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("blocksync: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a Spark/JVM failure outside the barrier stage
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        print(f"blocksync: failed: {type(err).__name__}: {' '.join(lines[:3])[:1500]}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

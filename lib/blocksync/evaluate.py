@@ -1,0 +1,82 @@
+"""The scoring stage: distributed inference with mapInPandas, metrics from pyspark.ml.evaluation.
+
+The weights travel once per executor (a Spark broadcast of the safetensors
+bytes; on Spark Connect, inside the pickled function) and each task builds the
+network once, then scores whole Arrow batches at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
+from pyspark.ml.functions import array_to_vector
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from blocksync.artifacts import SavedModel
+from blocksync.blocks import FEATURES, LABEL
+from blocksync.config import ModelSpec
+
+
+def _weights_bytes(saved: SavedModel) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous() for k, v in saved.module.state_dict().items()})
+
+
+def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
+    """`df` (features, label) plus `prediction` and, for classification, `probability` (array<double>)."""
+    meta = saved.meta
+    blob = _weights_bytes(saved)
+    is_classic = not type(spark).__module__.startswith("pyspark.sql.connect")
+    holder: Any = spark.sparkContext.broadcast(blob) if is_classic else None
+    classification = saved.task == "classification"
+
+    def scorer(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from safetensors.torch import load
+
+        from blocksync.artifacts import SavedModel
+        from blocksync.models import build_model
+
+        module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
+        module.load_state_dict(load(holder.value if holder is not None else blob))
+        module.eval()
+        model = SavedModel(module=module, meta=meta)
+        for frame in frames:
+            if frame.empty:
+                continue
+            x = np.stack(frame[FEATURES].to_numpy()).astype(np.float32)
+            out = model.outputs(x)
+            result = pd.DataFrame({LABEL: frame[LABEL].to_numpy(dtype=np.float64)})
+            if classification:
+                result["prediction"] = out.argmax(axis=1).astype(np.float64)
+                result["probability"] = list(out)
+            else:
+                result["prediction"] = out
+            yield result
+
+    schema = f"{LABEL} double, prediction double" + (", probability array<double>" if classification else "")
+    return df.select(FEATURES, LABEL).mapInPandas(scorer, schema)
+
+
+def metrics(scored: DataFrame, task: str) -> dict[str, float]:
+    """accuracy, F1 and log loss (classification) or RMSE and R2 (regression), via Spark ML evaluators."""
+    if task == "classification":
+        data = scored.withColumn("probability", array_to_vector(F.col("probability"))).cache()
+        out = {}
+        for name, metric in (("test_accuracy", "accuracy"), ("test_f1", "f1"), ("test_loss", "logLoss")):
+            evaluator = MulticlassClassificationEvaluator(
+                labelCol=LABEL, predictionCol="prediction", probabilityCol="probability", metricName=metric,  # type: ignore[arg-type]
+            )
+            out[name] = float(evaluator.evaluate(data))
+        data.unpersist()
+        return out
+    out = {}
+    for name, metric in (("test_rmse", "rmse"), ("test_r2", "r2"), ("test_loss", "mse")):
+        out[name] = float(RegressionEvaluator(labelCol=LABEL, predictionCol="prediction", metricName=metric)  # type: ignore[arg-type]
+                          .evaluate(scored))
+    return out

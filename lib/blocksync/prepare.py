@@ -1,0 +1,109 @@
+"""The `prepare` stage: features and label, seeded split, standardization from Spark aggregates.
+
+Output (under `<run>/prepared/`): `train.parquet` and `test.parquet` with
+`features` (array<float>) and `label` (class index, or the target), and
+`prepare.json` with the feature columns, the train-split mean and standard
+deviation, and the label mapping. The same metadata goes into the model's
+model.json, so a saved model can score raw features.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pyspark.ml.functions import array_to_vector
+from pyspark.ml.stat import Summarizer
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from blocksync.blocks import FEATURES, LABEL, features_column
+from blocksync.run_config import RunConfig
+from blocksync.sources import load_source
+
+MAX_CLASSES = 1000
+
+
+def resolve_feature_columns(df: DataFrame, features: list[str] | str | None, label: str) -> list[str] | str:
+    if features is None:
+        cols = [c for c in df.columns if c != label]
+        return cols[0] if len(cols) == 1 else cols
+    return features
+
+
+def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
+    """Sorted distinct class values (index = position) for classification; None for regression."""
+    if label not in df.columns:
+        raise ValueError(f"label column {label!r} not in the data (columns: {sorted(df.columns)}); set data.label.")
+    dtype = df.schema[label].dataType
+    if task == "regression":
+        if not isinstance(dtype, T.NumericType):
+            raise ValueError(f"label column {label!r} is {dtype.simpleString()}; regression needs numbers.")
+        return None
+    values = [r[0] for r in df.select(label).distinct().limit(MAX_CLASSES + 1).collect()]
+    if None in values:
+        raise ValueError(f"label column {label!r} has nulls; drop or fill them before training.")
+    if len(values) > MAX_CLASSES:
+        raise ValueError(f"label column {label!r} has more than {MAX_CLASSES} classes; is task=regression meant?")
+    if len(values) < 2:
+        raise ValueError(f"label column {label!r} has {len(values)} class(es); classification needs at least 2.")
+    return sorted(values)
+
+
+def standardization(train: DataFrame) -> tuple[list[float], list[float]]:
+    """Per-feature mean and standard deviation of the train split (one Spark ML Summarizer pass)."""
+    row = (
+        train.select(array_to_vector(F.col(FEATURES)).alias("v"))
+        .select(Summarizer.metrics("mean", "std").summary(F.col("v")).alias("s"))
+        .collect()[0]["s"]
+    )
+    mean = [float(v) for v in row["mean"].toArray()]
+    std = [float(v) if v > 0 else 1.0 for v in row["std"].toArray()]  # constant features stay as they are
+    return mean, std
+
+
+def apply_standardization(df: DataFrame, mean: list[float], std: list[float]) -> DataFrame:
+    m = F.array(*[F.lit(v) for v in mean])
+    s = F.array(*[F.lit(v) for v in std])
+    scaled = F.transform(F.col(FEATURES), lambda x, i: (x - F.element_at(m, i + 1)) / F.element_at(s, i + 1))
+    return df.withColumn(FEATURES, scaled.cast("array<float>"))
+
+
+def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Write `run_dir/prepared/{train,test}.parquet` and `prepare.json`; return the metadata."""
+    data, task = config.data, config.train.task
+    raw = load_source(spark, data, task)
+    labels = label_mapping(raw, data.label, task)
+    feature_cols = resolve_feature_columns(raw, data.features, data.label)
+    if labels is None:
+        label = F.col(data.label).cast("double")
+    else:
+        label = (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(data.label)) - 1).cast("double")
+    assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL))
+    train, test = assembled.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    if data.standardize:
+        mean, std = standardization(train)
+        train, test = apply_standardization(train, mean, std), apply_standardization(test, mean, std)
+    out = run_dir / "prepared"
+    train.write.mode("overwrite").parquet(str(out / "train.parquet"))
+    test.write.mode("overwrite").parquet(str(out / "test.parquet"))
+    counts = {
+        "train": spark.read.parquet(str(out / "train.parquet")).count(),
+        "test": spark.read.parquet(str(out / "test.parquet")).count(),
+    }
+    meta = {
+        "source": data.source,
+        "task": task,
+        "feature_columns": feature_cols,
+        "label_column": data.label,
+        "labels": labels,
+        "mean": mean,
+        "std": std,
+        "rows": counts,
+    }
+    (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
+    return meta

@@ -1,0 +1,76 @@
+"""Run report files: history.jsonl, steps.parquet, timeline.json (Chrome trace), report.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+PHASES = ("data", "compute", "sync", "optimizer")
+
+
+def steps_frame(rank_summaries: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per rank per step: start offset and the four phase durations, in seconds."""
+    frames = []
+    for s in rank_summaries:
+        t = np.asarray(s["step_timings"], dtype=np.float64).reshape(-1, 5)
+        frame = pd.DataFrame(t, columns=["start", *PHASES])
+        frame.insert(0, "step", np.arange(1, len(t) + 1))
+        frame.insert(0, "rank", s["rank"])
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def timeline(steps: pd.DataFrame) -> dict[str, Any]:
+    """Chrome trace events (open in Perfetto or chrome://tracing): one track per rank, a span per phase."""
+    events: list[dict[str, Any]] = []
+    for rank in sorted(steps["rank"].unique()):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": int(rank), "args": {"name": f"rank {rank}"}})
+    for row in steps.itertuples(index=False):
+        at = row.start
+        for phase in PHASES:
+            duration = float(getattr(row, phase))
+            events.append({"name": phase, "cat": phase, "ph": "X", "pid": 0, "tid": int(row.rank),
+                           "ts": at * 1e6, "dur": duration * 1e6, "args": {"step": int(row.step)}})
+            at += duration
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_history(path: Path, history: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(h) + "\n" for h in history))
+
+
+def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, metrics: dict[str, Any]) -> None:
+    """Loss per epoch, and per-rank compute against sync time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
+    epochs = [h["epoch"] for h in history]
+    ax_loss.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train loss")
+    if "test_loss" in metrics:
+        ax_loss.axhline(metrics["test_loss"], color="tab:red", linestyle="--", label="test loss (final)")
+    title = "loss"
+    if "test_accuracy" in metrics:
+        title += f" (test accuracy {metrics['test_accuracy']:.3f})"
+    elif "test_r2" in metrics:
+        title += f" (test R2 {metrics['test_r2']:.3f})"
+    ax_loss.set(title=title, xlabel="epoch", ylabel="loss")
+    ax_loss.legend()
+
+    per_rank = steps.groupby("rank")[list(PHASES)].sum()
+    bottom = np.zeros(len(per_rank))
+    for phase in PHASES:
+        ax_time.bar(per_rank.index.to_numpy(), per_rank[phase], bottom=bottom, label=phase)
+        bottom += per_rank[phase].to_numpy()
+    ax_time.set(title=f"time per rank (sync fraction {metrics.get('sync_fraction', 0):.2f})",
+                xlabel="rank", ylabel="seconds")
+    ax_time.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

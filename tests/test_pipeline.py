@@ -1,0 +1,143 @@
+"""The pipeline users run: CLI and spark-submit end to end, stages, artifacts, progress, model round trip."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyspark
+import pytest
+
+from blocksync import ModelSpec, TrainConfig, train
+from blocksync.artifacts import load_model
+from blocksync.pipeline import evaluate_stage, prepare_stage, run, train_stage
+from blocksync.prepare import apply_standardization
+from blocksync.run_config import load_config
+from tests.conftest import synthetic_classification
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(400)
+
+LAYOUT = ["model/model.safetensors", "model/model.json", "metrics.json", "history.jsonl", "steps.parquet",
+          "report.png", "timeline.json", "predictions.parquet", "prepared/prepare.json",
+          "prepared/train.parquet", "prepared/test.parquet"]
+METRIC_KEYS = ["test_accuracy", "test_loss", "train_loss", "epochs", "steps", "num_workers", "backend",
+               "compression", "samples_per_sec", "sync_fraction", "bytes_sent"]
+
+
+def check_run_dir(run_dir: Path) -> dict:
+    for name in LAYOUT:
+        assert (run_dir / name).exists(), name
+    assert not [p.name for p in run_dir.iterdir() if p.name.startswith(".staging")]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(METRIC_KEYS) <= set(metrics), set(METRIC_KEYS) - set(metrics)
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert len(history) == metrics["epochs"]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert len(steps) == metrics["steps"] * metrics["num_workers"]
+    assert set(steps.columns) == {"rank", "step", "start", "data", "compute", "sync", "optimizer"}
+    trace = json.loads((run_dir / "timeline.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} == {"data", "compute", "sync", "optimizer"}
+    meta = json.loads((run_dir / "model" / "model.json").read_text())
+    assert meta["labels"] == list(range(10)) and len(meta["mean"]) == 64
+    return metrics
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    return subprocess.run([sys.executable, "-m", "blocksync.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_run_local_yaml_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", "--config", "conf/local.yaml", f"output_dir={out}", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = check_run_dir(out)
+    assert metrics["test_accuracy"] >= 0.95, metrics["test_accuracy"]
+    assert metrics["backend"] == "horovod" and metrics["num_workers"] == 4
+    assert f"test accuracy {metrics['test_accuracy']:.4f}" in proc.stdout
+    assert f"report: {out / 'report.png'}" in proc.stdout
+    # A second run into the same directory is refused, and nothing is touched.
+    before = (out / "metrics.json").read_bytes()
+    again = cli("run", "--config", "conf/local.yaml", f"output_dir={out}", "--quiet")
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"blocksync: error: {out} already exists; pass --overwrite or choose another output_dir."
+    )
+    assert (out / "metrics.json").read_bytes() == before
+
+
+def test_spark_submit_pipeline_job_gives_the_same_layout(tmp_path):
+    out = tmp_path / "submitted"
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [str(submit), "--master", "local[4]", "--conf", "spark.driver.host=127.0.0.1",
+         "jobs/pipeline.py", "--config", "conf/local.yaml", f"output_dir={out}", "train.epochs=20", "--quiet"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = check_run_dir(out)
+    assert metrics["epochs"] == 20 and metrics["test_accuracy"] >= 0.95
+
+
+def test_stages_one_by_one_and_model_round_trip(spark, tmp_path):
+    config = load_config(REPO / "conf" / "local.yaml",
+                         [f"output_dir={tmp_path}", "train.epochs=5", "train.backend=torch_gloo", "progress=false"])
+    run_dir = tmp_path
+    meta = prepare_stage(spark, config, run_dir)
+    assert meta["rows"]["train"] + meta["rows"]["test"] == 1797
+    with pytest.raises(FileExistsError, match=r"prepared already exists; pass --overwrite"):
+        prepare_stage(spark, config, run_dir)
+    train_stage(spark, config, run_dir)
+    metrics = evaluate_stage(spark, config, run_dir)
+    assert 0.8 < metrics["test_accuracy"] <= 1.0
+
+    saved = load_model(run_dir)
+    test = spark.read.parquet(str(run_dir / "prepared" / "test.parquet")).toPandas()
+    spark_pred = spark.read.parquet(str(run_dir / "predictions.parquet")).toPandas()
+    x = np.stack(test["features"].to_numpy()).astype(np.float32)
+    local_probs = saved.outputs(x)
+    # Same rows in the same order (the scoring stage is a narrow map over the test split).
+    np.testing.assert_array_equal(spark_pred["label"].to_numpy(), test["label"].to_numpy())
+    np.testing.assert_array_equal(np.stack(spark_pred["probability"].to_numpy()), local_probs)
+    np.testing.assert_array_equal(spark_pred["prediction"].to_numpy(), local_probs.argmax(1))
+
+    # From raw features: the saved standardization is the prepare stage's, bit for bit.
+    raw = np.random.default_rng(0).uniform(0, 16, size=(50, 64)).astype(np.float32)
+    raw_df = spark.createDataFrame(pd.DataFrame({"features": list(raw)}))
+    prepared = np.stack(apply_standardization(raw_df, meta["mean"], meta["std"]).toPandas()["features"])
+    np.testing.assert_array_equal(saved.standardize(raw), prepared.astype(np.float32))
+    np.testing.assert_array_equal(saved.predict(raw), saved.outputs(prepared).argmax(1))
+
+
+def test_regression_on_synthetic_target_reaches_r2_0_9(spark, tmp_path):
+    config = load_config(None, [
+        f"output_dir={tmp_path / 'reg'}", "progress=false", "data.source=synthetic",
+        "data.synthetic.rows=20000", "data.synthetic.features=16", "data.synthetic.noise=0.1",
+        "data.synthetic.partitions=4", "train.task=regression", "train.backend=torch_gloo",
+        "train.epochs=5", "train.batch_size=256", "train.lr=0.003", "train.model.hidden=[64]",
+    ])
+    metrics = run(spark, config)
+    assert metrics["test_r2"] >= 0.9, metrics
+    assert metrics["test_rmse"] > 0
+    saved = load_model(tmp_path / "reg")
+    assert saved.task == "regression" and saved.labels is None
+
+
+def test_progress_reaches_the_driver_during_the_stage(spark, caplog):
+    df = spark.createDataFrame(synthetic_classification(400, 6, 3, seed=1))
+    cfg = TrainConfig(num_workers=2, backend="torch_gloo", epochs=3, batch_size=50,
+                      model=ModelSpec(name="logreg"))
+    with caplog.at_level(logging.INFO, logger="blocksync.progress"):
+        train(spark, df, cfg, progress="log")
+    lines = [r.getMessage() for r in caplog.records if r.name == "blocksync.progress"]
+    assert [line.split()[1] for line in lines] == ["1", "2", "3"]  # one line per epoch, from rank 0
+    assert lines[-1].startswith("epoch 3 step 24/24 loss ")
