@@ -83,7 +83,7 @@ def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.
     On a cluster, executors may still be registering: wait up to `wait_seconds`.
     In local mode the slots are fixed, so there is nothing to wait for.
     """
-    if not is_connect(spark) and spark.sparkContext.master.startswith("local"):
+    if not is_connect(spark) and (spark.sparkContext.master or "").startswith("local"):
         wait_seconds = 0.0
     deadline = time.monotonic() + wait_seconds
     slots = task_slots(spark)
