@@ -42,4 +42,4 @@ COPY --chown=blocksync . /app
 WORKDIR /app
 ENV PATH=/opt/venv/bin:$PATH PYSPARK_PYTHON=/opt/venv/bin/python PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python
 USER blocksync
-CMD ["python", "jobs/demo.py"]
+CMD ["blocksync", "run", "--config", "conf/local.yaml", "--overwrite", "--quiet"]

@@ -141,3 +141,30 @@ def test_progress_reaches_the_driver_during_the_stage(spark, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "blocksync.progress"]
     assert [line.split()[1] for line in lines] == ["1", "2", "3"]  # one line per epoch, from rank 0
     assert lines[-1].startswith("epoch 3 step 24/24 loss ")
+
+
+def test_mlflow_tracking_to_a_local_file_store(spark, tmp_path):
+    store = tmp_path / "mlruns"
+    config = load_config(REPO / "conf" / "local.yaml", [
+        f"output_dir={tmp_path / 'tracked'}", "progress=false", "train.epochs=2", "train.backend=torch_gloo",
+        "tracking.mlflow=true", f"tracking.uri={store}", "tracking.experiment=blocksync-test",
+    ])
+    metrics = run(spark, config)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store.resolve().as_uri())
+    experiment = client.get_experiment_by_name("blocksync-test")
+    (logged,) = client.search_runs([experiment.experiment_id])
+    assert logged.data.params["train.backend"] == "torch_gloo"
+    assert logged.data.metrics["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert [m.step for m in client.get_metric_history(logged.info.run_id, "train_loss")] == [1, 2]
+    artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert {"model", "report.png", "metrics.json"} <= artifacts
+
+
+def test_missing_input_path_is_a_clear_error(spark, tmp_path):
+    config = load_config(None, [f"output_dir={tmp_path / 'x'}", f"data.source={tmp_path / 'absent.parquet'}"])
+    with pytest.raises(ValueError, match=r"data.source='.*absent.parquet' does not exist; check the path."):
+        run(spark, config)
+    assert not (tmp_path / "x").exists()  # nothing half-written
+    assert not list(tmp_path.glob(".x.partial-*"))

@@ -5,6 +5,7 @@
     result.model, result.metrics
 """
 
+from blocksync.artifacts import SavedModel, load_model
 from blocksync.blocks import BlockInfo, make_blocks
 from blocksync.collectives import CollectiveError
 from blocksync.config import ModelSpec, TrainConfig
@@ -16,9 +17,11 @@ __all__ = [
     "BlockInfo",
     "CollectiveError",
     "ModelSpec",
+    "SavedModel",
     "TrainConfig",
     "TrainResult",
     "TrainingError",
+    "load_model",
     "make_blocks",
     "train",
     "train_blocks",
