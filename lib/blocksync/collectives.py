@@ -86,8 +86,15 @@ class Collective(ABC):
         self.size = size
 
     @abstractmethod
-    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
-        """Elementwise sum over ranks; every rank receives identical bits."""
+    def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
+        """Elementwise sum over ranks; every rank receives identical bits.
+
+        `fp16`: the buffer travels as float16 and comes back as float32.
+        """
+
+    @abstractmethod
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's 1-D tensor (same length and dtype everywhere), concatenated in rank order."""
 
     @abstractmethod
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
@@ -126,15 +133,19 @@ class SparkCollective(Collective):
         self._ctx = ctx
 
     def _gather(self, flat: torch.Tensor) -> list[np.ndarray]:
-        payload = base64.b64encode(flat.detach().cpu().numpy().tobytes()).decode("ascii")
-        return [np.frombuffer(base64.b64decode(m), dtype=np.float32) for m in self._ctx.allGather(payload)]
+        array = flat.detach().cpu().numpy()
+        payload = base64.b64encode(array.tobytes()).decode("ascii")
+        return [np.frombuffer(base64.b64decode(m), dtype=array.dtype) for m in self._ctx.allGather(payload)]
 
-    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
-        parts = self._gather(flat)
-        total = parts[0].copy()
+    def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
+        parts = self._gather(flat.half() if fp16 else flat)
+        total = parts[0].astype(np.float32)
         for part in parts[1:]:  # fixed rank order: identical result on every rank
-            total += part
+            total += part.astype(np.float32)
         return torch.from_numpy(total).to(flat.device)
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(self._gather(tensor))).to(tensor.device)
 
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
         return torch.from_numpy(self._gather(flat)[root].copy()).to(flat.device)
@@ -170,9 +181,15 @@ class TorchGlooCollective(Collective):
         self._store: Any = store  # kept alive until close
         self._group_started = True
 
-    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
-        self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM)
-        return flat
+    def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
+        buf = flat.half() if fp16 else flat
+        self._dist.all_reduce(buf, op=self._dist.ReduceOp.SUM)
+        return buf.float() if fp16 else buf
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        self._dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
 
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
         self._dist.broadcast(flat, src=root)
@@ -183,6 +200,21 @@ class TorchGlooCollective(Collective):
             self._dist.destroy_process_group()
         self._group_started = False
         self._store = None
+
+
+HOROVOD_DEFAULT_FUSION_MB = 128.0
+
+
+def _set_fusion_threshold(megabytes: float) -> None:
+    """HOROVOD_FUSION_THRESHOLD for the coming hvd.init (unset means Horovod's default, 128 MiB).
+
+    Horovod 0.28.1 segfaults in a later hvd.init in a process whose first init
+    had a custom threshold, so the launcher allows a non-default value only
+    with spark.python.worker.reuse=false.
+    """
+    os.environ.pop("HOROVOD_FUSION_THRESHOLD", None)
+    if megabytes != HOROVOD_DEFAULT_FUSION_MB:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(megabytes * 1024 * 1024))
 
 
 def import_horovod() -> Any:
@@ -202,8 +234,16 @@ def import_horovod() -> Any:
 class HorovodCollective(Collective):
     name = "horovod"
 
-    def __init__(self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> None:
+    def __init__(
+        self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None,
+        fusion_threshold_mb: float = 128.0, cycle_time_ms: float = 1.0, reduce_op: str = "sum",
+    ) -> None:
         hvd = import_horovod()
+        if reduce_op == "adasum" and not hvd.mpi_built():
+            raise CollectiveError(
+                "horovod.reduce_op=adasum needs Horovod's MPI (CPU) or NCCL (GPU) Adasum kernels; this build has "
+                "Gloo only. Use reduce_op=sum, or build Horovod with MPI."
+            )
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -232,6 +272,7 @@ class HorovodCollective(Collective):
             HOROVOD_CPU_OPERATIONS="gloo",
             HOROVOD_GLOO_IFACE=interface_for(my_host, interface),
             HOROVOD_GLOO_TIMEOUT_SECONDS=str(timeout_seconds),
+            HOROVOD_CYCLE_TIME=str(cycle_time_ms),
             HOROVOD_HOSTNAME=my_host,
             HOROVOD_RANK=str(slot.rank),
             HOROVOD_SIZE=str(slot.size),
@@ -240,6 +281,7 @@ class HorovodCollective(Collective):
             HOROVOD_CROSS_RANK=str(slot.cross_rank),
             HOROVOD_CROSS_SIZE=str(slot.cross_size),
         )
+        _set_fusion_threshold(fusion_threshold_mb)
         try:
             hvd.init()
         except Exception as err:
@@ -253,12 +295,19 @@ class HorovodCollective(Collective):
             raise CollectiveError(f"Horovod started with size {hvd.size()} but the barrier stage has {size} tasks")
         super().__init__(rank, size)
         self._hvd = hvd
+        self._op = hvd.Adasum if reduce_op == "adasum" else hvd.Sum
         # Partition id -> Horovod rank, so `broadcast(root=partition)` means the same on every backend.
         self._hvd_rank = {p: int(m) for p, m in enumerate(ctx.allGather(str(slot.rank)))}
         self._open = True
 
-    def allreduce_sum(self, flat: torch.Tensor) -> torch.Tensor:
-        return self._hvd.allreduce(flat, op=self._hvd.Sum, name="blocksync.flat")
+    def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
+        compression = self._hvd.Compression.fp16 if fp16 else self._hvd.Compression.none
+        # One name per buffer shape: Horovod caches responses by name.
+        name = f"blocksync.sum.{flat.numel()}.{flat.dtype}.{int(fp16)}"
+        return self._hvd.allreduce(flat, op=self._op, name=name, compression=compression)
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._hvd.allgather(tensor.contiguous(), name=f"blocksync.gather.{tensor.numel()}.{tensor.dtype}")
 
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
         return self._hvd.broadcast(flat, root_rank=self._hvd_rank[root], name="blocksync.bcast")
@@ -269,9 +318,17 @@ class HorovodCollective(Collective):
             self._open = False
 
 
-def start_collective(backend: str, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> Collective:
+def start_collective(
+    backend: str, ctx: Coordinator, *, timeout_seconds: int, interface: str | None, horovod: Any = None
+) -> Collective:
+    """Start `backend` in this barrier task; `horovod` carries HorovodSettings (tuning knobs)."""
     if backend == "horovod":
-        return HorovodCollective(ctx, timeout_seconds=timeout_seconds, interface=interface)
+        knobs = {} if horovod is None else {
+            "fusion_threshold_mb": horovod.fusion_threshold_mb,
+            "cycle_time_ms": horovod.cycle_time_ms,
+            "reduce_op": horovod.reduce_op,
+        }
+        return HorovodCollective(ctx, timeout_seconds=timeout_seconds, interface=interface, **knobs)
     if backend == "torch_gloo":
         return TorchGlooCollective(ctx, timeout_seconds=timeout_seconds, interface=interface)
     if backend == "spark":

@@ -16,6 +16,7 @@ OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleName = Literal["constant", "cosine", "step"]
 DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
+Compression = Literal["none", "fp16", "topk", "int8"]
 
 BACKENDS = ("horovod", "torch_gloo", "spark")
 SYNC_MODES = ("gradients", "parameters")
@@ -23,6 +24,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "step")
 DEVICES = ("cpu", "cuda", "auto")
 TASKS = ("classification", "regression")
+COMPRESSIONS = ("none", "fp16", "topk", "int8")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -60,6 +62,40 @@ class ModelSpec:
             raise ValueError(f"model.hidden={self.hidden} must hold positive layer widths.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1).")
+
+
+@dataclass(kw_only=True)
+class HorovodSettings:
+    """Horovod's tuning knobs (used by backend=horovod)."""
+
+    fusion_threshold_mb: float = 128.0
+    """HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default: 128). blocksync already sends one fused
+    buffer per step, so this matters only for buffers larger than it. A non-default value needs
+    spark.python.worker.reuse=false (Horovod 0.28.1 segfaults re-initializing after one)."""
+    cycle_time_ms: float = 1.0
+    """HOROVOD_CYCLE_TIME: how often the background thread batches ready tensors (default 1 ms)."""
+    reduce_op: Literal["sum", "adasum"] = "sum"
+    """`sum` (then divided by the global batch: exact averaging) or `adasum` (needs an MPI or NCCL build)."""
+
+    def __post_init__(self) -> None:
+        _positive("horovod.fusion_threshold_mb", self.fusion_threshold_mb)
+        _positive("horovod.cycle_time_ms", self.cycle_time_ms, allow_zero=True)
+        _choice("horovod.reduce_op", self.reduce_op, ("sum", "adasum"))
+
+
+@dataclass(kw_only=True)
+class FaultSettings:
+    """Fault injection for tests and demos; off by default."""
+
+    slow_rank: int | None = None
+    """Rank that sleeps `slow_ms` in every compute phase (a simulated straggler)."""
+    slow_ms: float = 0.0
+    """Extra compute milliseconds per step on `slow_rank`."""
+
+    def __post_init__(self) -> None:
+        _positive("faults.slow_ms", self.slow_ms, allow_zero=True)
+        if self.slow_rank is not None and self.slow_rank < 0:
+            raise ValueError(f"faults.slow_rank={self.slow_rank} must be a rank >= 0 (or null).")
 
 
 @dataclass(kw_only=True)
@@ -110,10 +146,36 @@ class TrainConfig:
     """Gloo rendezvous/collective timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, torch_gloo timeout)."""
     network_interface: str | None = None
     """NIC for Gloo; None: the interface that holds the task's own address (lo on 127.0.0.1)."""
+    compression: Compression = "none"
+    """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback)."""
+    topk_ratio: float = 0.01
+    """Share of gradient entries each rank sends per step with compression=topk."""
+    straggler_factor: float = 1.5
+    """A rank whose median compute time exceeds the ranks' median by this factor is reported a straggler."""
+    horovod: HorovodSettings = field(default_factory=HorovodSettings)
+    """Horovod tuning knobs."""
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    """Fault injection (tests, demos)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = ModelSpec(**self.model)
+        if isinstance(self.horovod, dict):
+            self.horovod = HorovodSettings(**self.horovod)
+        if isinstance(self.faults, dict):
+            self.faults = FaultSettings(**self.faults)
+        _choice("compression", self.compression, COMPRESSIONS)
+        if not 0.0 < self.topk_ratio <= 1.0:
+            raise ValueError(f"topk_ratio={self.topk_ratio} must be in (0, 1].")
+        if self.straggler_factor <= 1.0:
+            raise ValueError(f"straggler_factor={self.straggler_factor} must be > 1.")
+        if self.compression != "none" and self.sync == "parameters":
+            raise ValueError(
+                f"compression={self.compression!r} applies to gradient sync; with sync='parameters' "
+                "set compression=none (parameter averaging sends full parameters)."
+            )
+        if self.faults.slow_rank is not None and self.faults.slow_rank >= self.num_workers:
+            raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
         _choice("backend", self.backend, BACKENDS)
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)

@@ -27,15 +27,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from blocksync.block_data import steps_per_epoch
 from blocksync.blocks import LABEL, BlockInfo, make_blocks
+from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB
 from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
 from blocksync.progress import ProgressServer
+from blocksync.report import PHASES
 from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
@@ -122,6 +125,17 @@ def resolve_outputs(config: TrainConfig, blocks: DataFrame) -> int:
     return max(num_classes, 2)
 
 
+def check_horovod_knobs(spark: SparkSession, config: TrainConfig) -> None:
+    if config.backend != "horovod" or config.horovod.fusion_threshold_mb == HOROVOD_DEFAULT_FUSION_MB:
+        return
+    if (spark.conf.get("spark.python.worker.reuse", "true") or "true").lower() != "false":
+        raise ValueError(
+            f"horovod.fusion_threshold_mb={config.horovod.fusion_threshold_mb} needs "
+            "spark.python.worker.reuse=false: Horovod 0.28.1 crashes when a reused Python worker initializes it "
+            "again after a custom fusion threshold. Set that Spark option or keep the default 128."
+        )
+
+
 _RANK_LINE = re.compile(r"\[blocksync rank \d+\][^\n]*")
 
 
@@ -170,6 +184,7 @@ def train_blocks(
             f"the blocks DataFrame has {num_partitions} partitions but num_workers={config.num_workers}; "
             "use make_blocks or repartition to num_workers."
         )
+    check_horovod_knobs(spark, config)
     num_outputs = resolve_outputs(config, blocks)
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
@@ -228,20 +243,45 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
     )
 
 
+def timing_summary(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """p50 and p95 milliseconds of each phase, per rank."""
+    out: dict[str, dict[str, float]] = {}
+    for s in summaries:
+        t = np.asarray(s["step_timings"], dtype=np.float64).reshape(-1, 5)
+        row: dict[str, float] = {}
+        for i, phase in enumerate(PHASES, start=1):
+            row[f"{phase}_p50_ms"] = float(np.percentile(t[:, i], 50) * 1000)
+            row[f"{phase}_p95_ms"] = float(np.percentile(t[:, i], 95) * 1000)
+        out[str(s["rank"])] = row
+    return out
+
+
+def find_stragglers(timing: dict[str, dict[str, float]], factor: float) -> list[int]:
+    """Ranks whose median compute time exceeds the median over ranks by `factor`."""
+    p50 = {int(r): t["compute_p50_ms"] for r, t in timing.items()}
+    typical = statistics.median(p50.values())
+    return sorted(r for r, v in p50.items() if v > factor * typical)
+
+
 def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    """Throughput and the share of step time spent in the collective, from every rank's timings."""
+    """Throughput, the share of step time spent in the collective, bytes, stragglers, from every rank's timings."""
     # step_timings rows: start, data, compute, sync, optimizer (seconds)
     step_time = [sum(sum(t[1:]) for t in s["step_timings"]) for s in summaries]
     sync_time = [sum(t[3] for t in s["step_timings"]) for s in summaries]
     train_seconds = max(s["train_seconds"] for s in summaries)
     samples = plan.total_rows * config.epochs
+    timing = timing_summary(summaries)
+    stragglers = find_stragglers(timing, config.straggler_factor)
+    if stragglers:
+        log.warning("straggler rank(s) %s: median compute above %.1fx the ranks' median", stragglers,
+                    config.straggler_factor)
     return {
         "epochs": config.epochs,
         "steps": plan.total_steps,
         "num_workers": config.num_workers,
         "backend": config.backend,
         "sync": config.sync,
-        "compression": "none",  # gradient compression is not implemented yet: buffers travel as float32
+        "compression": config.compression,
         "train_loss": summaries[0]["history"][-1]["train_loss"],
         "samples_per_sec": samples / train_seconds if train_seconds > 0 else float("nan"),
         "train_seconds": train_seconds,
@@ -249,5 +289,8 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "startup_seconds": max(s["startup_seconds"] for s in summaries),
         "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
+        "payload_bytes_per_step": summaries[0]["payload_bytes"] / plan.total_steps,
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
+        "timing": timing,
+        "stragglers": stragglers,
     }

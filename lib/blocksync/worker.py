@@ -48,6 +48,7 @@ import torch
 
 from blocksync.block_data import arrow_to_block, batch_slices, epoch_permutation
 from blocksync.collectives import Collective, start_collective
+from blocksync.compression import make_compressor
 from blocksync.config import TrainConfig
 from blocksync.models import build_model
 from blocksync.optim import build_optimizer, build_schedule, loss_sum
@@ -179,17 +180,18 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
 
     t0 = time.perf_counter()
     coll = start_collective(
-        cfg.backend, ctx, timeout_seconds=cfg.gloo_timeout_seconds, interface=cfg.network_interface
+        cfg.backend, ctx, timeout_seconds=cfg.gloo_timeout_seconds, interface=cfg.network_interface,
+        horovod=cfg.horovod,
     )
     startup_seconds = time.perf_counter() - t0
     try:
-        yield from _train(plan, coll, ctx, x, y, device, load_seconds, startup_seconds, threads)
+        yield from _train(plan, coll, ctx, x, y, rows, device, load_seconds, startup_seconds, threads)
     finally:
         coll.close()
 
 
 def _train(
-    plan: WorkerPlan, coll: Collective, ctx: Any, x: torch.Tensor, y: torch.Tensor,
+    plan: WorkerPlan, coll: Collective, ctx: Any, x: torch.Tensor, y: torch.Tensor, block_rows: list[int],
     device: torch.device, load_seconds: float, startup_seconds: float, threads: int,
 ) -> Iterator[pa.RecordBatch]:
     cfg = plan.config
@@ -208,39 +210,48 @@ def _train(
     for p, g in zip(params, grads, strict=True):
         p.grad = g
 
+    # Every rank knows every block size, so the global batch size of each step is known up front:
+    # contributions are divided by it before the exchange and the exchange returns the mean gradient.
+    global_batch = np.sum([[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
+    compressor = make_compressor(cfg.compression, coll, num_params, topk_ratio=cfg.topk_ratio, seed=cfg.seed)
+    slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == rank else 0.0
+
     # Per step: start (s since training began), data, compute, sync, optimizer seconds.
     timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
     reporter = ProgressReporter(plan.progress_address if rank == 0 else None)
-    epoch_totals: list[np.ndarray] = []
     classification = cfg.task == "classification"
-    bytes_sent = 0.0
+    history: list[dict[str, float]] = []
+    payload_bytes = wire_bytes = 0.0
     samples_since_sync = 0.0
     step = 0
     train_start = time.perf_counter()
     for epoch in range(cfg.epochs):
         order = torch.from_numpy(epoch_permutation(n_local, cfg.seed, rank, epoch)).to(device)
-        epoch_stats = np.zeros(3)  # samples, summed loss, correct predictions (all ranks in gradient mode)
-        for lo, hi in batch_slices(n_local, plan.steps_per_epoch):
+        local_stats = torch.zeros(3, dtype=torch.float64)  # samples, summed loss, correct predictions
+        for s_in_epoch, (lo, hi) in enumerate(batch_slices(n_local, plan.steps_per_epoch)):
             t_data = time.perf_counter()
             idx = order[lo:hi]
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             t_compute = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
-            stats = torch.zeros(3, dtype=torch.float32, device=device)
             count = float(hi - lo)
             if count:
                 out = model(xb)
                 loss = loss_sum(out, yb, cfg.task)
                 loss.backward()
-                stats[0], stats[1] = count, loss.detach()
+                local_stats[0] += count
+                local_stats[1] += float(loss.detach())
                 if classification:
-                    stats[2] = (out.detach().argmax(1) == yb.long()).sum()
+                    local_stats[2] += float((out.detach().argmax(1) == yb.long()).sum())
+            if slow_seconds:
+                time.sleep(slow_seconds)
             t_sync = time.perf_counter()
             if cfg.sync == "gradients":
-                flat = coll.allreduce_sum(torch.cat([g.reshape(-1) for g in grads] + [stats]))
-                bytes_sent += coll.bytes_per_allreduce(flat.numel() * 4)
-                stats = flat[num_params:]
-                torch.nn.utils.vector_to_parameters(flat[:num_params] / float(stats[0]), grads)
+                contribution = torch.cat([g.reshape(-1) for g in grads]) / float(global_batch[s_in_epoch])
+                exchanged = compressor.exchange(contribution, step)
+                payload_bytes += exchanged.payload_bytes
+                wire_bytes += exchanged.wire_bytes
+                torch.nn.utils.vector_to_parameters(exchanged.mean_gradient, grads)
             else:
                 if count:
                     for g in grads:
@@ -254,32 +265,28 @@ def _train(
             t_end = time.perf_counter()
             averaging = 0.0
             if cfg.sync == "parameters" and (step % cfg.sync_every == 0 or step == plan.total_steps):
-                bytes_sent += _average_parameters(coll, model, samples_since_sync)
+                sent = _average_parameters(coll, model, samples_since_sync)
+                payload_bytes += sent
+                wire_bytes += coll.bytes_per_allreduce(int(sent))
                 samples_since_sync = 0.0
                 averaging = time.perf_counter() - t_end
             timings[step - 1] = (t_data - train_start, t_compute - t_data, t_sync - t_compute,
                                  t_opt - t_sync + averaging, t_end - t_opt)
-            epoch_stats += stats.cpu().numpy()
             if cfg.check_every and step % cfg.check_every == 0:
                 check_replicas(coll, model, step)
-            reporter.update(epoch=epoch + 1, step=step, loss=epoch_stats[1] / max(epoch_stats[0], 1.0),
+            reporter.update(epoch=epoch + 1, step=step, loss=float(local_stats[1]) / max(float(local_stats[0]), 1.0),
                             samples_per_sec=_rate(plan, step, train_start))
-        epoch_totals.append(epoch_stats)
-        reporter.update(epoch=epoch + 1, step=step, loss=epoch_stats[1] / max(epoch_stats[0], 1.0),
+        # One tiny all-reduce per epoch makes the epoch's loss and accuracy global.
+        samples, loss_total, correct = coll.allreduce_sum(local_stats.float()).double().tolist()
+        entry = {"epoch": epoch + 1, "step": step, "train_loss": loss_total / samples}
+        if classification:
+            entry["train_accuracy"] = correct / samples
+        history.append(entry)
+        reporter.update(epoch=epoch + 1, step=step, loss=entry["train_loss"],
                         samples_per_sec=_rate(plan, step, train_start), epoch_end=True)
     reporter.close()
     train_seconds = time.perf_counter() - train_start
     check_replicas(coll, model, step)
-
-    if cfg.sync == "parameters":  # epoch statistics were local: add them up over ranks
-        gathered = [json.loads(m) for m in ctx.allGather(json.dumps([e.tolist() for e in epoch_totals]))]
-        epoch_totals = list(np.sum(np.asarray(gathered), axis=0))
-    history = []
-    for e, (samples, loss_total, correct) in enumerate(epoch_totals):
-        entry = {"epoch": e + 1, "step": (e + 1) * plan.steps_per_epoch, "train_loss": loss_total / samples}
-        if classification:
-            entry["train_accuracy"] = correct / samples
-        history.append(entry)
 
     summary = {
         "rank": rank,
@@ -292,7 +299,8 @@ def _train(
         "load_seconds": load_seconds,
         "startup_seconds": startup_seconds,
         "train_seconds": train_seconds,
-        "bytes_sent": bytes_sent,
+        "bytes_sent": wire_bytes,
+        "payload_bytes": payload_bytes,
         "num_params": num_params,
         "step_timings": timings.round(7).tolist(),
         "history": history if rank == 0 else [],
@@ -308,13 +316,13 @@ def _rate(plan: WorkerPlan, step: int, since: float) -> float:
     return plan.total_rows * step / plan.steps_per_epoch / max(time.perf_counter() - since, 1e-9)
 
 
-def _average_parameters(coll: Collective, model: torch.nn.Module, weight: float) -> float:
-    """Set every replica to the sample-weighted mean of the replicas' parameters."""
+def _average_parameters(coll: Collective, model: torch.nn.Module, weight: float) -> int:
+    """Set every replica to the sample-weighted mean of the replicas' parameters; returns bytes contributed."""
     params = _flat_params(model)
     flat = torch.cat([params * weight, torch.tensor([weight], device=params.device)])
     flat = coll.allreduce_sum(flat)
     _set_params(model, flat[:-1] / float(flat[-1]))
-    return coll.bytes_per_allreduce(flat.numel() * 4)
+    return flat.numel() * 4
 
 
 def make_worker(plan: WorkerPlan):
