@@ -128,14 +128,16 @@ class Int8Compressor(_FeedbackCompressor):
         codes = torch.floor(chunks / scales[:, None] + noise).clamp_(-127, 127).to(torch.int8)
         dequantized = (codes.float() * scales[:, None]).view(-1)[: self.num_params]
         self.residual = acc - dequantized
-        all_codes = self.coll.allgather(codes.view(-1))
+        n = self.num_params  # the padding of the last chunk is not sent
+        all_codes = self.coll.allgather(codes.view(-1)[:n].contiguous())
         all_scales = self.coll.allgather(scales)
         total = torch.zeros(self.padded)
         for r in range(self.coll.size):
-            c = all_codes[r * self.padded : (r + 1) * self.padded].float().view(self.num_chunks, CHUNK)
+            c = torch.zeros(self.padded)
+            c[:n] = all_codes[r * n : (r + 1) * n].float()
             s = all_scales[r * self.num_chunks : (r + 1) * self.num_chunks]
-            total += (c * s[:, None]).view(-1)
-        payload = self.padded + 4 * self.num_chunks
+            total += (c.view(self.num_chunks, CHUNK) * s[:, None]).view(-1)
+        payload = n + 4 * self.num_chunks
         return Exchange(total[: self.num_params].to(contribution.device), payload, payload * (self.coll.size - 1))
 
 

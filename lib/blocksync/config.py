@@ -152,6 +152,8 @@ class TrainConfig:
     """Share of gradient entries each rank sends per step with compression=topk."""
     straggler_factor: float = 1.5
     """A rank whose median compute time exceeds the ranks' median by this factor is reported a straggler."""
+    straggler_min_ms: float = 1.0
+    """...and by at least this many milliseconds (sub-millisecond jitter is not a straggler)."""
     horovod: HorovodSettings = field(default_factory=HorovodSettings)
     """Horovod tuning knobs."""
     faults: FaultSettings = field(default_factory=FaultSettings)

@@ -256,11 +256,11 @@ def timing_summary(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float
     return out
 
 
-def find_stragglers(timing: dict[str, dict[str, float]], factor: float) -> list[int]:
-    """Ranks whose median compute time exceeds the median over ranks by `factor`."""
+def find_stragglers(timing: dict[str, dict[str, float]], factor: float, min_ms: float) -> list[int]:
+    """Ranks whose median compute time exceeds the median over ranks by `factor` and by `min_ms`."""
     p50 = {int(r): t["compute_p50_ms"] for r, t in timing.items()}
     typical = statistics.median(p50.values())
-    return sorted(r for r, v in p50.items() if v > factor * typical)
+    return sorted(r for r, v in p50.items() if v > factor * typical and v - typical > min_ms)
 
 
 def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
@@ -271,7 +271,7 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
     train_seconds = max(s["train_seconds"] for s in summaries)
     samples = plan.total_rows * config.epochs
     timing = timing_summary(summaries)
-    stragglers = find_stragglers(timing, config.straggler_factor)
+    stragglers = find_stragglers(timing, config.straggler_factor, config.straggler_min_ms)
     if stragglers:
         log.warning("straggler rank(s) %s: median compute above %.1fx the ranks' median", stragglers,
                     config.straggler_factor)

@@ -1,0 +1,107 @@
+"""Gradient compression, per-rank timing, stragglers, Horovod knobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from blocksync import ModelSpec, TrainConfig, TrainingError, train
+from blocksync.datasets import digits_frame, split_standardized
+from tests.conftest import synthetic_classification
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="module")
+def digits(spark):
+    return split_standardized(digits_frame(spark), [f"pixel_{i}" for i in range(64)], test_fraction=0.2, seed=42)
+
+
+def accuracy(model: torch.nn.Module, df) -> float:
+    pdf = df.select("features", "label").toPandas()
+    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
+    with torch.no_grad():
+        return float((model(x).argmax(1).numpy() == pdf["label"].to_numpy()).mean())
+
+
+def digits_run(spark, digits, compression: str, backend: str = "horovod"):
+    train_df, test_df, _ = digits
+    cfg = TrainConfig(num_workers=4, backend=backend, epochs=30, batch_size=64, lr=2e-3, seed=0,
+                      compression=compression, topk_ratio=0.01, model=ModelSpec(name="mlp", hidden=[128, 64]))
+    result = train(spark, train_df, cfg)
+    return accuracy(result.model, test_df), result.metrics
+
+
+def test_compression_converges_and_shrinks_the_payload(spark, digits):
+    base_acc, base = digits_run(spark, digits, "none")
+    topk_acc, topk = digits_run(spark, digits, "topk")
+    fp16_acc, fp16 = digits_run(spark, digits, "fp16")
+    int8_acc, int8 = digits_run(spark, digits, "int8")
+    print(f"accuracy none {base_acc:.4f} topk {topk_acc:.4f} fp16 {fp16_acc:.4f} int8 {int8_acc:.4f}")
+    assert base_acc >= 0.95
+    assert topk_acc >= base_acc - 0.010      # within 1.0 point
+    assert fp16_acc >= base_acc - 0.003      # within 0.3 points
+    assert int8_acc >= base_acc - 0.010
+    per_step = {m["compression"]: m["payload_bytes_per_step"] for m in (base, topk, fp16, int8)}
+    assert per_step["none"] / per_step["topk"] >= 50
+    assert per_step["none"] / per_step["fp16"] >= 2
+    assert per_step["none"] / per_step["int8"] >= 3.9
+    assert base["bytes_sent"] > topk["bytes_sent"] > 0
+
+
+@pytest.mark.parametrize("backend", ["torch_gloo", "spark"])
+@pytest.mark.parametrize("compression", ["fp16", "topk", "int8"])
+def test_compression_on_every_backend_keeps_replicas_identical(spark, backend, compression):
+    df = spark.createDataFrame(synthetic_classification(240, 8, 3, seed=2))
+    epochs = 4 if backend == "torch_gloo" else 1
+    cfg = TrainConfig(num_workers=3, backend=backend, epochs=epochs, batch_size=40, lr=0.01, check_every=2,
+                      compression=compression, topk_ratio=0.05, model=ModelSpec(name="mlp", hidden=[16]))
+    result = train(spark, df, cfg)
+    assert len({s["digest"] for s in result.rank_summaries}) == 1
+    assert result.metrics["compression"] == compression
+    assert result.history[-1]["train_loss"] < 1.2  # it learns: log(3) = 1.10 at chance, falling
+
+
+def test_timing_summary_and_an_injected_straggler_is_named(spark, caplog):
+    df = spark.createDataFrame(synthetic_classification(800, 8, 3, seed=3))
+    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=2, batch_size=100,
+                      model=ModelSpec(name="logreg"), faults={"slow_rank": 2, "slow_ms": 40})
+    result = train(spark, df, cfg)
+    timing = result.metrics["timing"]
+    assert sorted(timing) == ["0", "1", "2", "3"]
+    assert set(timing["0"]) == {f"{p}_{q}_ms" for p in ("data", "compute", "sync", "optimizer") for q in ("p50", "p95")}
+    assert timing["2"]["compute_p50_ms"] >= 40
+    assert result.metrics["stragglers"] == [2]
+    assert "straggler rank(s) [2]" in caplog.text
+    # Fast ranks wait for the straggler inside the collective: their sync time shows it.
+    assert timing["0"]["sync_p50_ms"] > 20
+
+
+def test_no_straggler_without_injection(spark):
+    df = spark.createDataFrame(synthetic_classification(800, 8, 3, seed=3))
+    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=2, batch_size=100, model=ModelSpec(name="logreg"))
+    assert train(spark, df, cfg).metrics["stragglers"] == []
+
+
+def test_adasum_needs_an_mpi_or_nccl_build(spark):
+    df = spark.createDataFrame(synthetic_classification(80, 4, 2, seed=4))
+    cfg = TrainConfig(num_workers=2, backend="horovod", epochs=1, horovod={"reduce_op": "adasum"})
+    with pytest.raises(TrainingError, match=r"rank \d\] CollectiveError: horovod.reduce_op=adasum needs Horovod's MPI"):
+        train(spark, df, cfg)
+
+
+def test_custom_fusion_threshold_needs_fresh_python_workers(spark):
+    df = spark.createDataFrame(synthetic_classification(80, 4, 2, seed=4))
+    cfg = TrainConfig(num_workers=2, backend="horovod", epochs=1, horovod={"fusion_threshold_mb": 64})
+    with pytest.raises(ValueError, match=r"horovod.fusion_threshold_mb=64 needs spark.python.worker.reuse=false"):
+        train(spark, df, cfg)
+
+
+def test_compression_config_errors():
+    with pytest.raises(ValueError, match=r"compression='zip' is not one of none, fp16, topk, int8"):
+        TrainConfig(compression="zip")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"compression='topk' applies to gradient sync"):
+        TrainConfig(compression="topk", sync="parameters")
+    with pytest.raises(ValueError, match=r"topk_ratio=0 must be in \(0, 1\]"):
+        TrainConfig(topk_ratio=0)
