@@ -84,8 +84,47 @@ class HorovodSettings:
 
 
 @dataclass(kw_only=True)
+class CheckpointSettings:
+    """Periodic checkpoints (rank 0's model and optimizer, every rank's own state)."""
+
+    dir: str | None = None
+    """Folder or URI (file://, hdfs://, s3://, a /dbfs path ...) through pyarrow; null: no checkpoints."""
+    every_steps: int = 100
+    """Steps between checkpoints."""
+    keep: int = 2
+    """How many of the newest checkpoints to keep."""
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint.every_steps", self.every_steps)
+        _positive("checkpoint.keep", self.keep)
+
+
+@dataclass(kw_only=True)
+class TimeoutSettings:
+    """How long to wait before calling a worker stalled."""
+
+    step_seconds: float = 300.0
+    """No rank advancing for this long is a stall: the stage is cancelled, naming the stalled rank and step."""
+    barrier_seconds: int = 3600
+    """spark.barrier.sync.timeout for the BarrierTaskContext.allGather calls (set on the session)."""
+
+    def __post_init__(self) -> None:
+        _positive("timeouts.step_seconds", self.step_seconds)
+        _positive("timeouts.barrier_seconds", self.barrier_seconds)
+
+
+@dataclass(kw_only=True)
 class FaultSettings:
     """Fault injection for tests and demos; off by default."""
+
+    kill_rank: int | None = None
+    """Rank that fails at `at_step` (in the first `repeat` attempts)."""
+    at_step: int = 0
+    """Step (0-based, global) at which `kill_rank` fails."""
+    mode: Literal["exit", "raise", "hang"] = "exit"
+    """exit: the Python worker process dies; raise: an exception; hang: the rank stops making progress."""
+    repeat: int = 1
+    """In how many attempts (the first one and restarts) the fault fires."""
 
     slow_rank: int | None = None
     """Rank that sleeps `slow_ms` in every compute phase (a simulated straggler)."""
@@ -94,6 +133,11 @@ class FaultSettings:
 
     def __post_init__(self) -> None:
         _positive("faults.slow_ms", self.slow_ms, allow_zero=True)
+        _choice("faults.mode", self.mode, ("exit", "raise", "hang"))
+        _positive("faults.at_step", self.at_step, allow_zero=True)
+        _positive("faults.repeat", self.repeat)
+        if self.kill_rank is not None and self.kill_rank < 0:
+            raise ValueError(f"faults.kill_rank={self.kill_rank} must be a rank >= 0 (or null).")
         if self.slow_rank is not None and self.slow_rank < 0:
             raise ValueError(f"faults.slow_rank={self.slow_rank} must be a rank >= 0 (or null).")
 
@@ -156,6 +200,12 @@ class TrainConfig:
     """...and by at least this many milliseconds (sub-millisecond jitter is not a straggler)."""
     horovod: HorovodSettings = field(default_factory=HorovodSettings)
     """Horovod tuning knobs."""
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    """Periodic checkpoints, which restarts resume from."""
+    max_restarts: int = 0
+    """Relaunches of the barrier stage after a worker failure or stall (each resumes from the latest checkpoint)."""
+    timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
+    """Stall detection."""
     faults: FaultSettings = field(default_factory=FaultSettings)
     """Fault injection (tests, demos)."""
 
@@ -166,6 +216,13 @@ class TrainConfig:
             self.horovod = HorovodSettings(**self.horovod)
         if isinstance(self.faults, dict):
             self.faults = FaultSettings(**self.faults)
+        if isinstance(self.checkpoint, dict):
+            self.checkpoint = CheckpointSettings(**self.checkpoint)
+        if isinstance(self.timeouts, dict):
+            self.timeouts = TimeoutSettings(**self.timeouts)
+        _positive("max_restarts", self.max_restarts, allow_zero=True)
+        if self.faults.kill_rank is not None and self.faults.kill_rank >= self.num_workers:
+            raise ValueError(f"faults.kill_rank={self.faults.kill_rank} but num_workers={self.num_workers}.")
         _choice("compression", self.compression, COMPRESSIONS)
         if not 0.0 < self.topk_ratio <= 1.0:
             raise ValueError(f"topk_ratio={self.topk_ratio} must be in (0, 1].")

@@ -24,7 +24,9 @@ import logging
 import re
 import statistics
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,12 +34,13 @@ import torch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from blocksync import checkpoint
 from blocksync.block_data import steps_per_epoch
 from blocksync.blocks import LABEL, BlockInfo, make_blocks
 from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB
 from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
-from blocksync.progress import ProgressServer
+from blocksync.progress import RunMonitor
 from blocksync.report import PHASES
 from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
@@ -139,8 +142,14 @@ def check_horovod_knobs(spark: SparkSession, config: TrainConfig) -> None:
 _RANK_LINE = re.compile(r"\[blocksync rank \d+\][^\n]*")
 
 
-def worker_error(err: BaseException) -> TrainingError:
-    """The failing worker's own error line(s) out of Spark's wrapped exception text."""
+def worker_error(err: BaseException, monitor_failure: str | None = None) -> TrainingError:
+    """The failing worker's own error line(s) out of Spark's wrapped exception text.
+
+    A stall or a dead Python worker leaves no exception text of its own; the
+    run monitor's account of it comes first then.
+    """
+    if monitor_failure:  # the first event: later errors of other ranks are its consequences
+        return TrainingError(f"training failed: {monitor_failure}")
     text = str(err)
     lines = list(dict.fromkeys(_RANK_LINE.findall(text)))
     if lines:
@@ -189,32 +198,72 @@ def train_blocks(
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
-    server = None
-    if progress != "off" and not is_connect(spark):
-        host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
-        server = ProgressServer(host, per_epoch * config.epochs, show_bar=progress == "bar")
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,
         num_outputs=num_outputs,
         total_rows=total_rows,
         steps_per_epoch=per_epoch,
-        progress_address=server.address if server else None,
     )
+    check_checkpoint(config, info.num_features, num_outputs)
     log.info(
         "training %s on %d rows in %d blocks, backend=%s, %d steps",
         config.model.name, total_rows, config.num_workers, config.backend, plan.total_steps,
     )
     started = time.perf_counter()
-    try:
-        rows = blocks.mapInArrow(make_worker(plan), RESULT_SCHEMA_DDL, barrier=True).collect()
-    except Exception as err:
-        raise worker_error(err) from err
-    finally:
-        if server is not None:
-            server.close()
+    rows = _launch_with_restarts(spark, blocks, plan, progress)
     wall_seconds = time.perf_counter() - started
     return _assemble(config, plan, info, rows, wall_seconds)
+
+
+def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int) -> None:
+    """Before launch: the checkpoint a run would resume from must load and fit the model."""
+    path = checkpoint.latest(config.checkpoint.dir)
+    if path is None:
+        return
+    snapshot = checkpoint.read(path)
+    checkpoint.check_compatible(snapshot, build_model(config.model, num_features, num_outputs), path)
+    log.info("will resume from %s (step %d)", path, snapshot.step)
+
+
+def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPlan, progress: str) -> list[Any]:
+    """Run the barrier stage; after a worker failure or stall, relaunch up to max_restarts times.
+
+    Spark does not retry a failed barrier ResultStage, so the driver does: each
+    relaunch resumes every worker from the latest checkpoint (or from scratch
+    without one). Errors in the user's data or settings are not retried.
+    """
+    config = plan.config
+    classic = not is_connect(spark)
+    host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1") if classic else None
+    for attempt in range(config.max_restarts + 1):
+        tag = f"blocksync-{uuid.uuid4().hex[:12]}"
+        monitor = None
+        if classic and host:
+            monitor = RunMonitor(host, plan.total_steps, show_bar=progress == "bar", log_epochs=progress == "log",
+                                 stall_seconds=config.timeouts.step_seconds,
+                                 on_stall=partial(spark.sparkContext.cancelJobsWithTag, tag))
+            spark.sparkContext.addJobTag(tag)
+        run_plan = replace(plan, attempt=attempt, resume_from=checkpoint.latest(config.checkpoint.dir),
+                           monitor_address=monitor.address if monitor else None)
+        try:
+            return blocks.mapInArrow(make_worker(run_plan), RESULT_SCHEMA_DDL, barrier=True).collect()
+        except Exception as err:
+            failure = worker_error(err, monitor.failure if monitor else None)
+            if _is_user_error(failure) or attempt == config.max_restarts:
+                restarts = f" (after {attempt} restart(s))" if attempt else ""
+                raise TrainingError(f"{failure}{restarts}") from err
+            log.warning("attempt %d of %d failed: %s; relaunching from %s", attempt + 1, config.max_restarts + 1,
+                        failure, checkpoint.latest(config.checkpoint.dir) or "the start (no checkpoint)")
+        finally:
+            if monitor is not None:
+                monitor.close()
+                spark.sparkContext.removeJobTag(tag)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _is_user_error(failure: TrainingError) -> bool:
+    return any(kind in str(failure) for kind in ("] ValueError:", "] CheckpointError:", "] CollectiveError:"))
 
 
 def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list[Any], wall: float) -> TrainResult:

@@ -1,10 +1,20 @@
-"""Live progress from rank 0 to the driver while the barrier stage runs.
+"""The driver's view of a running barrier stage: progress, heartbeats, and the stall watchdog.
 
 The driver listens on its own Spark address (ephemeral port) for the length of
-the stage; rank 0 connects once and sends a JSON line at most every 0.5 s and at
-every epoch end. The driver shows it as a tqdm bar (epoch, step, loss,
-samples/s) or, in quiet mode, logs one line per epoch. Progress is advisory:
-if rank 0 cannot connect, it logs a warning and training goes on.
+the stage. Every rank connects once and, from a background thread, sends its
+current step and phase (load, startup, compute, sync, checkpoint) every
+0.5 s; rank 0 also sends progress (epoch, loss, samples/s), shown as a tqdm bar
+or, in quiet mode, one log line per epoch.
+
+The watchdog (once every rank is past loading and start-up, which have their
+own timeouts): when no rank has moved to another step or phase for
+`stall_seconds`, the ranks not waiting inside a collective are the stalled
+ones (the others wait for them); the monitor records which, and at what step,
+and calls `on_stall` (the launcher cancels the stage). A rank whose connection
+ends without a final "done" died (its Python worker exited); that is recorded
+too, and a rank that raised sends its error first. The first of these events
+is the root cause the launcher reports. Heartbeats are advisory: a rank that cannot connect logs a warning and
+trains on.
 """
 
 from __future__ import annotations
@@ -15,18 +25,30 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_SECONDS = 0.5
 
-class ProgressServer:
-    def __init__(self, host: str, total_steps: int, *, show_bar: bool, description: str = "training") -> None:
+
+class RunMonitor:
+    def __init__(
+        self, host: str, total_steps: int, *, show_bar: bool, log_epochs: bool = True,
+        stall_seconds: float | None = None,
+        on_stall: Callable[[], None] | None = None, description: str = "training",
+    ) -> None:
         self.total_steps = total_steps
-        self.show_bar = show_bar
-        self.last: dict[str, Any] = {}
+        self.log_epochs = log_epochs
+        self.stall_seconds = stall_seconds
+        self.on_stall = on_stall
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self.failure: str | None = None
+        self.last_progress: dict[str, Any] = {}
+        self._lock = threading.Lock()
         self._sock = socket.create_server((host, 0))
-        self._sock.settimeout(0.5)
+        self._sock.settimeout(0.25)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._stop = threading.Event()
         self._bar: Any = None
@@ -34,10 +56,12 @@ class ProgressServer:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, desc=description, unit="step", file=sys.stderr, dynamic_ncols=True)
-        self._thread = threading.Thread(target=self._serve, name="blocksync-progress", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._accept, name="blocksync-monitor", daemon=True),
+                         threading.Thread(target=self._watch, name="blocksync-watchdog", daemon=True)]
+        for t in self._threads:
+            t.start()
 
-    def _serve(self) -> None:
+    def _accept(self) -> None:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
@@ -45,56 +69,138 @@ class ProgressServer:
                 continue
             except OSError:
                 return
-            with conn, conn.makefile("r") as lines:
-                for line in lines:
-                    self._update(json.loads(line))
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
-    def _update(self, msg: dict[str, Any]) -> None:
-        self.last = msg
+    def _read(self, conn: socket.socket) -> None:
+        rank = None
+        with conn, conn.makefile("r") as lines:
+            for line in lines:
+                msg = json.loads(line)
+                rank = int(msg["rank"])
+                self._heartbeat(rank, msg)
+        if rank is not None:
+            with self._lock:
+                state = self.ranks[rank]
+                if not state["done"] and self.failure is None and not self._stop.is_set():
+                    self.failure = (f"rank {rank}'s Python worker ended without finishing; its last heartbeat "
+                                    f"was at step {state['step']} ({state['phase']})")
+
+    def _heartbeat(self, rank: int, msg: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            state = self.ranks.setdefault(rank, {"step": -1, "phase": "", "changed": now, "done": False})
+            if (msg["step"], msg["phase"]) != (state["step"], state["phase"]):
+                state.update(step=msg["step"], phase=msg["phase"], changed=now)
+            state["done"] = state["done"] or bool(msg.get("done"))
+            if msg.get("failed") and self.failure is None:
+                self.failure = f"[blocksync rank {rank}] {msg['failed']} (at step {msg['step']}, {msg['phase']})"
+        if "progress" in msg:
+            self._show(msg["progress"])
+
+    def _show(self, progress: dict[str, Any]) -> None:
+        self.last_progress = progress
         if self._bar is not None:
-            self._bar.n = msg["step"]
+            self._bar.n = progress["step"]
             self._bar.set_postfix(
-                epoch=msg["epoch"], loss=f"{msg['loss']:.4f}", samples_s=f"{msg['samples_per_sec']:.0f}"
+                epoch=progress["epoch"], loss=f"{progress['loss']:.4f}", samples_s=f"{progress['samples_per_sec']:.0f}"
             )
-        elif msg.get("epoch_end"):
-            log.info("epoch %d step %d/%d loss %.4f samples/s %.0f", msg["epoch"], msg["step"],
-                     self.total_steps, msg["loss"], msg["samples_per_sec"])
+        elif progress.get("epoch_end") and self.log_epochs:
+            log.info("epoch %d step %d/%d loss %.4f samples/s %.0f", progress["epoch"], progress["step"],
+                     self.total_steps, progress["loss"], progress["samples_per_sec"])
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            if self.stall_seconds is None or self.failure is not None:
+                continue
+            with self._lock:
+                active = {r: s for r, s in self.ranks.items() if not s["done"]}
+                # Loading and collective start-up have their own timeouts (barrier, Gloo rendezvous).
+                if not active or any(s["phase"] in ("load", "startup") for s in active.values()):
+                    continue
+                idle = time.monotonic() - max(s["changed"] for s in active.values())
+                if idle <= self.stall_seconds:
+                    continue
+                stalled = [r for r, s in active.items() if s["phase"] != "sync"]
+                if not stalled:
+                    low = min(s["step"] for s in active.values())
+                    stalled = [r for r, s in active.items() if s["step"] == low]
+                where = ", ".join(
+                    f"rank {r} at step {active[r]['step']} ({active[r]['phase']})" for r in sorted(stalled)
+                )
+                self.failure = f"stalled: {where}; no rank made progress for more than {self.stall_seconds:g} s"
+            log.error("%s; cancelling the stage", self.failure)
+            if self.on_stall is not None:
+                self.on_stall()
 
     def close(self) -> None:
         self._stop.set()
         self._sock.close()
-        self._thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
         if self._bar is not None:
             self._bar.close()
 
 
-class ProgressReporter:
-    """Rank 0's side: throttled JSON lines to the driver."""
+class Heartbeat:
+    """A rank's side: its step and phase every 0.5 s from a thread; rank 0's progress, throttled."""
 
-    def __init__(self, address: str | None, interval: float = 0.5) -> None:
+    def __init__(self, address: str | None, rank: int) -> None:
+        self.rank = rank
+        self.step = 0
+        self.phase = "load"
         self._sock: socket.socket | None = None
-        self._interval = interval
-        self._last = 0.0
-        if address:
-            host, port = address.rsplit(":", 1)
-            try:
-                self._sock = socket.create_connection((host, int(port)), timeout=5)
-            except OSError as err:
-                log.warning("progress: cannot reach the driver at %s (%s); training goes on without it", address, err)
-
-    def update(self, *, epoch: int, step: int, loss: float, samples_per_sec: float, epoch_end: bool = False) -> None:
-        now = time.monotonic()
-        if self._sock is None or (not epoch_end and now - self._last < self._interval):
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_progress = 0.0
+        if not address:
             return
-        self._last = now
-        msg = {"epoch": epoch, "step": step, "loss": loss, "samples_per_sec": samples_per_sec, "epoch_end": epoch_end}
+        host, port = address.rsplit(":", 1)
         try:
-            self._sock.sendall((json.dumps(msg) + "\n").encode())
+            self._sock = socket.create_connection((host, int(port)), timeout=5)
         except OSError as err:
-            log.warning("progress: connection to the driver lost (%s)", err)
-            self.close()
+            log.warning("rank %d: cannot reach the driver's monitor at %s (%s); training goes on without it",
+                        rank, address, err)
+            return
+        threading.Thread(target=self._beat, name="blocksync-heartbeat", daemon=True).start()
 
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+    def _send(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            if self._sock is None:
+                return
+            try:
+                self._sock.sendall((json.dumps({"rank": self.rank, "step": self.step, "phase": self.phase, **msg})
+                                    + "\n").encode())
+            except OSError as err:
+                log.warning("rank %d: monitor connection lost (%s)", self.rank, err)
+                self._sock.close()
+                self._sock = None
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            self._send({})
+
+    def at(self, step: int, phase: str) -> None:
+        self.step, self.phase = step, phase
+
+    def progress(self, *, epoch: int, step: int, loss: float, samples_per_sec: float, epoch_end: bool = False) -> None:
+        now = time.monotonic()
+        if not epoch_end and now - self._last_progress < HEARTBEAT_SECONDS:
+            return
+        self._last_progress = now
+        self._send({"progress": {"epoch": epoch, "step": step, "loss": loss, "samples_per_sec": samples_per_sec,
+                                 "epoch_end": epoch_end}})
+
+    def flush(self) -> None:
+        """Send the current step and phase now (before something that may end the process)."""
+        self._send({})
+
+    def close(self, *, done: bool, error: str | None = None) -> None:
+        self._stop.set()
+        if done:
+            self._send({"done": True})
+        elif error:
+            self._send({"failed": error[:2000]})
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None

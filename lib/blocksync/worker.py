@@ -46,13 +46,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from blocksync import checkpoint
 from blocksync.block_data import arrow_to_block, batch_slices, epoch_permutation
 from blocksync.collectives import Collective, start_collective
 from blocksync.compression import make_compressor
 from blocksync.config import TrainConfig
 from blocksync.models import build_model
 from blocksync.optim import build_optimizer, build_schedule, loss_sum
-from blocksync.progress import ProgressReporter
+from blocksync.progress import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,12 @@ class WorkerPlan:
     num_outputs: int
     total_rows: int
     steps_per_epoch: int
-    progress_address: str | None = None
-    """host:port of the driver's progress listener (rank 0 reports there), or None."""
+    monitor_address: str | None = None
+    """host:port of the driver's RunMonitor (heartbeats from every rank, progress from rank 0), or None."""
+    attempt: int = 0
+    """0 for the first launch, then 1, 2, ... for relaunches after a failure."""
+    resume_from: str | None = None
+    """Checkpoint folder to resume from (validated by the driver), or None to start fresh."""
 
     @property
     def total_steps(self) -> int:
@@ -157,42 +162,68 @@ def _validate_block(plan: WorkerPlan, x: np.ndarray, y: np.ndarray) -> str:
 def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) -> Iterator[pa.RecordBatch]:
     cfg = plan.config
     rank = ctx.partitionId()
-    threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
-    torch.set_num_threads(threads)
-    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
-    device, warning = select_device(cfg.device, gpus)
-    if warning:
-        log.warning("rank %d: %s", rank, warning)
-
-    t0 = time.perf_counter()
-    x_np, y_np = arrow_to_block(batches)
-    problem = _validate_block(plan, x_np, y_np)
-    facts = [json.loads(m) for m in ctx.allGather(json.dumps({"rows": int(x_np.shape[0]), "error": problem}))]
-    errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
-    if errors:
-        raise ValueError("; ".join(errors))
-    rows = [f["rows"] for f in facts]
-    if sum(rows) != plan.total_rows:
-        raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
-    x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
-    y = torch.from_numpy(y_np).to(device)
-    load_seconds = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    coll = start_collective(
-        cfg.backend, ctx, timeout_seconds=cfg.gloo_timeout_seconds, interface=cfg.network_interface,
-        horovod=cfg.horovod,
-    )
-    startup_seconds = time.perf_counter() - t0
+    beat = Heartbeat(plan.monitor_address, rank)
+    finished, error = False, None
     try:
-        yield from _train(plan, coll, ctx, x, y, rows, device, load_seconds, startup_seconds, threads)
+        threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
+        torch.set_num_threads(threads)
+        gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+        device, warning = select_device(cfg.device, gpus)
+        if warning:
+            log.warning("rank %d: %s", rank, warning)
+
+        t0 = time.perf_counter()
+        x_np, y_np = arrow_to_block(batches)
+        problem = _validate_block(plan, x_np, y_np)
+        facts = [json.loads(m) for m in ctx.allGather(json.dumps({"rows": int(x_np.shape[0]), "error": problem}))]
+        errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
+        if errors:
+            raise ValueError("; ".join(errors))
+        rows = [f["rows"] for f in facts]
+        if sum(rows) != plan.total_rows:
+            raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
+        x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
+        y = torch.from_numpy(y_np).to(device)
+        load_seconds = time.perf_counter() - t0
+
+        beat.at(0, "startup")
+        t0 = time.perf_counter()
+        # Collectives time out well after the driver's stall watchdog, which names the stalled rank.
+        timeout = max(cfg.gloo_timeout_seconds, int(cfg.timeouts.step_seconds) + 30)
+        coll = start_collective(cfg.backend, ctx, timeout_seconds=timeout, interface=cfg.network_interface,
+                                horovod=cfg.horovod)
+        startup_seconds = time.perf_counter() - t0
+        try:
+            yield from _train(plan, coll, ctx, x, y, rows, device, beat,
+                              {"load_seconds": load_seconds, "startup_seconds": startup_seconds, "threads": threads})
+            finished = True
+        finally:
+            coll.close()
+    except BaseException as err:
+        error = f"{type(err).__name__}: {err}"
+        raise
     finally:
-        coll.close()
+        beat.close(done=finished, error=error)
+
+
+def _inject_fault(cfg: TrainConfig, attempt: int, rank: int, step: int, beat: Heartbeat) -> None:
+    faults = cfg.faults
+    if faults.kill_rank != rank or faults.at_step != step or attempt >= faults.repeat:
+        return
+    log.warning("rank %d: injecting fault %r at step %d (attempt %d)", rank, faults.mode, step, attempt)
+    beat.at(step, "compute")
+    beat.flush()
+    if faults.mode == "exit":
+        os._exit(17)  # the Python worker dies like a killed process: no cleanup, no exception
+    if faults.mode == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    while True:  # hang: the heartbeat thread keeps reporting this step until the stage is cancelled
+        time.sleep(3600)
 
 
 def _train(
     plan: WorkerPlan, coll: Collective, ctx: Any, x: torch.Tensor, y: torch.Tensor, block_rows: list[int],
-    device: torch.device, load_seconds: float, startup_seconds: float, threads: int,
+    device: torch.device, beat: Heartbeat, facts: dict[str, Any],
 ) -> Iterator[pa.RecordBatch]:
     cfg = plan.config
     rank, n_local = coll.rank, int(x.shape[0])
@@ -215,20 +246,44 @@ def _train(
     global_batch = np.sum([[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
     compressor = make_compressor(cfg.compression, coll, num_params, topk_ratio=cfg.topk_ratio, seed=cfg.seed)
     slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == rank else 0.0
+    classification = cfg.task == "classification"
+    history: list[dict[str, float]] = []
+    step = 0
+    local_stats = torch.zeros(3, dtype=torch.float64)  # samples, summed loss, correct predictions (this epoch)
+    if plan.resume_from:
+        snap = checkpoint.read(plan.resume_from, rank)
+        model.load_state_dict(snap.model)
+        optimizer.load_state_dict(snap.optimizer)
+        schedule.load_state_dict(snap.scheduler)
+        torch.set_rng_state(snap.rng)
+        compressor.load_state({k: v for k, v in snap.rank_state.items() if k != "epoch_stats"})
+        local_stats = snap.rank_state["epoch_stats"].clone()
+        history, step = snap.history, snap.step
+        log.info("rank %d: resumed from %s at step %d", rank, plan.resume_from, step)
+
+    def save_checkpoint(stats: torch.Tensor) -> None:
+        if not cfg.checkpoint.dir or step % cfg.checkpoint.every_steps or step == plan.total_steps:
+            return
+        beat.at(step, "checkpoint")
+        checkpoint.write(
+            cfg.checkpoint.dir, rank=rank, step=step, keep=cfg.checkpoint.keep,
+            barrier=lambda: coll.allreduce_sum(torch.zeros(1)), model=model, optimizer=optimizer,
+            scheduler=schedule, history=history, rank_state={**compressor.state(), "epoch_stats": stats},
+        )
 
     # Per step: start (s since training began), data, compute, sync, optimizer seconds.
     timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
-    reporter = ProgressReporter(plan.progress_address if rank == 0 else None)
-    classification = cfg.task == "classification"
-    history: list[dict[str, float]] = []
     payload_bytes = wire_bytes = 0.0
     samples_since_sync = 0.0
-    step = 0
+    first_step = step
     train_start = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    for epoch in range(step // plan.steps_per_epoch, cfg.epochs):
         order = torch.from_numpy(epoch_permutation(n_local, cfg.seed, rank, epoch)).to(device)
-        local_stats = torch.zeros(3, dtype=torch.float64)  # samples, summed loss, correct predictions
-        for s_in_epoch, (lo, hi) in enumerate(batch_slices(n_local, plan.steps_per_epoch)):
+        slices = batch_slices(n_local, plan.steps_per_epoch)
+        for s_in_epoch in range(step - epoch * plan.steps_per_epoch, plan.steps_per_epoch):
+            lo, hi = slices[s_in_epoch]
+            beat.at(step, "compute")
+            _inject_fault(cfg, plan.attempt, rank, step, beat)
             t_data = time.perf_counter()
             idx = order[lo:hi]
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
@@ -246,6 +301,7 @@ def _train(
             if slow_seconds:
                 time.sleep(slow_seconds)
             t_sync = time.perf_counter()
+            beat.at(step, "sync")
             if cfg.sync == "gradients":
                 contribution = torch.cat([g.reshape(-1) for g in grads]) / float(global_batch[s_in_epoch])
                 exchanged = compressor.exchange(contribution, step)
@@ -274,18 +330,25 @@ def _train(
                                  t_opt - t_sync + averaging, t_end - t_opt)
             if cfg.check_every and step % cfg.check_every == 0:
                 check_replicas(coll, model, step)
-            reporter.update(epoch=epoch + 1, step=step, loss=float(local_stats[1]) / max(float(local_stats[0]), 1.0),
-                            samples_per_sec=_rate(plan, step, train_start))
+            if rank == 0:
+                beat.progress(epoch=epoch + 1, step=step, loss=float(local_stats[1]) / max(float(local_stats[0]), 1.0),
+                              samples_per_sec=_rate(plan, step - first_step, train_start))
+            if s_in_epoch < plan.steps_per_epoch - 1:
+                save_checkpoint(local_stats)
         # One tiny all-reduce per epoch makes the epoch's loss and accuracy global.
+        beat.at(step, "sync")
         samples, loss_total, correct = coll.allreduce_sum(local_stats.float()).double().tolist()
+        local_stats = torch.zeros(3, dtype=torch.float64)
         entry = {"epoch": epoch + 1, "step": step, "train_loss": loss_total / samples}
         if classification:
             entry["train_accuracy"] = correct / samples
         history.append(entry)
-        reporter.update(epoch=epoch + 1, step=step, loss=entry["train_loss"],
-                        samples_per_sec=_rate(plan, step, train_start), epoch_end=True)
-    reporter.close()
+        if rank == 0:
+            beat.progress(epoch=epoch + 1, step=step, loss=entry["train_loss"],
+                          samples_per_sec=_rate(plan, step - first_step, train_start), epoch_end=True)
+        save_checkpoint(local_stats)
     train_seconds = time.perf_counter() - train_start
+    beat.at(step, "sync")
     check_replicas(coll, model, step)
 
     summary = {
@@ -293,16 +356,15 @@ def _train(
         "host": os.uname().nodename,
         "task_address": ctx.getTaskInfos()[rank].address,
         "device": str(device),
-        "threads": threads,
         "rows": n_local,
         "steps": step,
-        "load_seconds": load_seconds,
-        "startup_seconds": startup_seconds,
+        "resumed_at": first_step,
+        **facts,
         "train_seconds": train_seconds,
         "bytes_sent": wire_bytes,
         "payload_bytes": payload_bytes,
         "num_params": num_params,
-        "step_timings": timings.round(7).tolist(),
+        "step_timings": timings[first_step:].round(7).tolist(),
         "history": history if rank == 0 else [],
         "digest": params_digest(model),
     }

@@ -1,0 +1,178 @@
+"""Checkpoints through pyarrow filesystems (local path, file://, hdfs://, s3://, ...).
+
+Layout under `checkpoint.dir`:
+
+    step-000000120/manifest.json        step, epoch, history, optimizer/scheduler scalars (JSON)
+    step-000000120/state.safetensors    model parameters, optimizer tensors, torch RNG state
+    step-000000120/rank-00003.safetensors   per-rank state: error-feedback residual, epoch statistics
+
+Writing: every rank writes its own file into `.tmp-step-N/`; after a barrier,
+rank 0 writes the state and the manifest (last), then renames the folder to
+`step-N/` and prunes all but the newest `keep`. Readers only trust `step-*`
+folders that hold a manifest, so a crash mid-write leaves nothing that looks
+valid. Tensors are stored with safetensors and metadata as JSON: loading a
+checkpoint never unpickles code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import torch
+
+MANIFEST = "manifest.json"
+STATE = "state.safetensors"
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (corrupted, or from another model)."""
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in uri:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as src:
+        return src.read()
+
+
+def step_dirs(uri: str) -> list[tuple[int, str]]:
+    """(step, path) of every committed checkpoint, oldest first."""
+    fs, root = filesystem(uri)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
+        return []
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(root)):
+        match = _STEP_DIR.match(info.base_name)
+        committed = match and fs.get_file_info(f"{info.path}/{MANIFEST}").type == pafs.FileType.File
+        if match and committed:
+            found.append((int(match.group(1)), info.path))
+    return sorted(found)
+
+
+def latest(uri: str | None) -> str | None:
+    if not uri:
+        return None
+    dirs = step_dirs(uri)
+    return dirs[-1][1] if dirs else None
+
+
+def _optimizer_split(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    for idx, entry in state["state"].items():
+        scalars["state"][str(idx)] = {}
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer/{idx}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars["state"][str(idx)][key] = value
+    return tensors, scalars
+
+
+def _optimizer_join(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in scalars["state"].items()}
+    for key, value in tensors.items():
+        if key.startswith("optimizer/"):
+            _, idx, name = key.split("/", 2)
+            state.setdefault(int(idx), {})[name] = value
+    return {"state": state, "param_groups": scalars["param_groups"]}
+
+
+@dataclass
+class Snapshot:
+    """Everything needed to continue training at `step` exactly as if it had not stopped."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: torch.Tensor
+    history: list[dict[str, float]]
+    rank_state: dict[str, torch.Tensor]
+
+
+def write(
+    uri: str, *, rank: int, step: int, barrier: Any, keep: int, model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer, scheduler: Any, history: list[dict[str, float]],
+    rank_state: dict[str, torch.Tensor],
+) -> None:
+    """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive."""
+    from safetensors.torch import save
+
+    fs, root = filesystem(uri)
+    tmp, final = f"{root}/.tmp-step-{step:09d}", f"{root}/step-{step:09d}"
+    if rank == 0:
+        fs.create_dir(tmp, recursive=True)
+    barrier()
+    _write(fs, f"{tmp}/rank-{rank:05d}.safetensors",
+           save({k: v.detach().cpu().contiguous() for k, v in rank_state.items()}))
+    barrier()
+    if rank != 0:
+        return
+    opt_tensors, opt_scalars = _optimizer_split(optimizer.state_dict())
+    tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors.update(opt_tensors)
+    tensors["rng/torch"] = torch.get_rng_state()
+    _write(fs, f"{tmp}/{STATE}", save(tensors))
+    manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
+                "scheduler": scheduler.state_dict(), "history": history}
+    _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())
+    if fs.get_file_info(final).type != pafs.FileType.NotFound:
+        fs.delete_dir(final)
+    fs.move(tmp, final)
+    for _, old in step_dirs(uri)[:-keep]:
+        fs.delete_dir(old)
+
+
+def read(path: str, rank: int | None = None) -> Snapshot:
+    """Load a committed checkpoint folder; `rank` also loads that rank's own state."""
+    from safetensors.torch import load
+
+    fs, folder = filesystem(path)
+    try:
+        manifest = json.loads(_read(fs, f"{folder}/{MANIFEST}"))
+        tensors = load(_read(fs, f"{folder}/{STATE}"))
+        rank_state = load(_read(fs, f"{folder}/rank-{rank:05d}.safetensors")) if rank is not None else {}
+    except Exception as err:  # any read or parse failure makes the checkpoint unusable
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted or incomplete ({type(err).__name__}: {err}); "
+            "delete it to resume from an older one, or start fresh with another checkpoint.dir."
+        ) from err
+    model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    return Snapshot(
+        step=int(manifest["step"]),
+        model=model,
+        optimizer=_optimizer_join(tensors, manifest["optimizer"]),
+        scheduler=manifest["scheduler"],
+        rng=tensors["rng/torch"],
+        history=manifest["history"],
+        rank_state=rank_state,
+    )
+
+
+def check_compatible(snapshot: Snapshot, model: torch.nn.Module, path: str) -> None:
+    """The checkpoint's parameters must fit `model` exactly (names and shapes)."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in snapshot.model.items()}
+    if expected != found:
+        diff = sorted(set(expected.items()) ^ set(found.items()))[:4]
+        raise CheckpointError(
+            f"checkpoint {path} holds a model of a different shape (differences: {diff}); "
+            "point checkpoint.dir at this model's checkpoints or an empty folder."
+        )
