@@ -48,6 +48,8 @@ def session_for(config):  # type: ignore[no-untyped-def]
 
     settings = config.spark
     conf = {k: str(v) for k, v in settings.conf.items()}
+    # BarrierTaskContext.allGather waits this long (Spark's default is a year).
+    conf.setdefault("spark.barrier.sync.timeout", str(config.train.timeouts.barrier_seconds))
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: its settings win
         from pyspark import SparkConf, SparkContext
 

@@ -221,7 +221,7 @@ def import_horovod() -> Any:
     """horovod.torch, or a CollectiveError that says how to get a working build."""
     try:
         import horovod.torch as hvd
-    except ImportError as err:
+    except Exception as err:  # ImportError, or Horovod's own error when built against another torch
         raise CollectiveError(
             f"backend 'horovod' needs Horovod 0.28.1 built with PyTorch and Gloo, and it does not import: {err}. "
             "Run scripts/setup_env.sh (make setup) to build it, or choose backend=torch_gloo explicitly."

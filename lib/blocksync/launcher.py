@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from blocksync import checkpoint
 from blocksync.block_data import steps_per_epoch
 from blocksync.blocks import LABEL, BlockInfo, make_blocks
-from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB
+from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
 from blocksync.progress import RunMonitor
@@ -129,7 +129,13 @@ def resolve_outputs(config: TrainConfig, blocks: DataFrame) -> int:
 
 
 def check_horovod_knobs(spark: SparkSession, config: TrainConfig) -> None:
-    if config.backend != "horovod" or config.horovod.fusion_threshold_mb == HOROVOD_DEFAULT_FUSION_MB:
+    if config.backend != "horovod":
+        return
+    try:  # the driver shares the executors' environment in local and single-image deployments
+        import_horovod()
+    except CollectiveError as err:
+        raise ValueError(str(err)) from err
+    if config.horovod.fusion_threshold_mb == HOROVOD_DEFAULT_FUSION_MB:
         return
     if (spark.conf.get("spark.python.worker.reuse", "true") or "true").lower() != "false":
         raise ValueError(

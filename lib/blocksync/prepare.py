@@ -52,6 +52,22 @@ def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
     return sorted(values)
 
 
+def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int]:
+    """Rows with a null, NaN or infinite feature: fail with their count, or drop them and report it."""
+    bad = (
+        F.col(FEATURES).isNull()
+        | F.exists(F.col(FEATURES), lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf"))))
+    )
+    flagged = df.withColumn("_bad", bad)
+    count = flagged.filter("_bad").count()
+    if count and policy == "fail":
+        raise ValueError(
+            f"{count} rows have null, NaN or infinite features; clean them, or set data.invalid_rows=drop "
+            "to drop them (the count is reported)."
+        )
+    return (flagged.filter(~F.col("_bad")).drop("_bad"), count) if count else (df, 0)
+
+
 def standardization(train: DataFrame) -> tuple[list[float], list[float]]:
     """Per-feature mean and standard deviation of the train split (one Spark ML Summarizer pass)."""
     row = (
@@ -75,6 +91,8 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     """Write `run_dir/prepared/{train,test}.parquet` and `prepare.json`; return the metadata."""
     data, task = config.data, config.train.task
     raw = load_source(spark, data, task)
+    if raw.limit(1).count() == 0:
+        raise ValueError(f"data.source={data.source!r} has no rows; check the path, table or filter.")
     labels = label_mapping(raw, data.label, task)
     feature_cols = resolve_feature_columns(raw, data.features, data.label)
     if labels is None:
@@ -82,6 +100,7 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     else:
         label = (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(data.label)) - 1).cast("double")
     assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL))
+    assembled, dropped = screen_invalid_rows(assembled, data.invalid_rows)
     train, test = assembled.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
     mean: list[float] | None = None
     std: list[float] | None = None
@@ -104,6 +123,7 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         "mean": mean,
         "std": std,
         "rows": counts,
+        "dropped_invalid_rows": dropped,
     }
     (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
     return meta

@@ -78,6 +78,8 @@ class DataSettings:
     """Seed of the train/test split and of synthetic data."""
     standardize: bool = True
     """Scale features to zero mean, unit variance with train-split statistics."""
+    invalid_rows: Literal["fail", "drop"] = "fail"
+    """Rows with null, NaN or infinite features: fail naming their count, or drop them (count reported)."""
     synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
     """Settings of the `synthetic` source."""
 

@@ -1,0 +1,107 @@
+"""Hostile input through the CLI: each a one-line message, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(600)
+
+
+def frame(rows: int = 40, **extra) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame({"a": rng.normal(size=rows), "b": rng.normal(size=rows), "label": rng.integers(0, 3, rows)})
+    for k, v in extra.items():
+        pdf[k] = v
+    return pdf
+
+
+def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    def parquet(name: str, pdf: pd.DataFrame) -> str:
+        path = tmp / f"{name}.parquet"
+        pdf.to_parquet(path)
+        return str(path)
+
+    nan = frame()
+    nan.loc[[3, 7], "a"] = np.nan
+    inf = frame()
+    inf.loc[5, "b"] = np.inf
+    null_label = frame().astype({"label": "float64"})
+    null_label.loc[2, "label"] = np.nan
+    good = parquet("good", frame())
+    base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
+    table = [
+        ("missing feature column", [f"data.source={good}", "data.features=[a, c]"],
+         "feature column(s) ['c'] not in the DataFrame"),
+        ("extra non-numeric column", [f"data.source={parquet('extra', frame(name=['x'] * 40))}"],
+         "feature column(s) {'name': 'string'} are not numeric"),
+        ("missing label column", [f"data.source={good}", "data.label=target"],
+         "label column 'target' not in the data"),
+        ("NaN features", [f"data.source={parquet('nan', nan)}"],
+         "2 rows have null, NaN or infinite features; clean them, or set data.invalid_rows=drop"),
+        ("infinite features", [f"data.source={parquet('inf', inf)}"],
+         "1 rows have null, NaN or infinite features"),
+        ("null labels", [f"data.source={parquet('nulllabel', null_label)}"],
+         "label column 'label' has nulls"),
+        ("labels outside the class set", [f"data.source={good}", "train.num_classes=2"],
+         "num_classes=2 but labels go up to 2"),
+        ("fewer rows than workers", [f"data.source={parquet('tiny', frame(rows=4))}", "data.test_fraction=0.5"],
+         "training rows for num_workers=4; every block needs rows"),
+        ("empty input", [f"data.source={parquet('empty', frame().iloc[:0])}"],
+         "has no rows; check the path, table or filter"),
+        ("non-existent path", [f"data.source={tmp / 'nope.parquet'}"], "does not exist; check the path"),
+        ("more workers than slots", [f"data.source={good}", "train.num_workers=9"],
+         "num_workers=9 but the cluster has 4 task slots"),
+    ]
+    return [(name, ["run", *base, f"output_dir={tmp / 'out' / str(i)}", *extra], message)
+            for i, (name, extra, message) in enumerate(table)]
+
+
+def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(tmp_path):
+    table = cases(tmp_path)
+    (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
+                           str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    failures = []
+    for (name, _, message), result in zip(table, results, strict=True):
+        lines = [ln for ln in result["stderr"].splitlines() if ln.startswith("blocksync:")]
+        ok = result["code"] == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in result["stderr"]
+        if not ok:
+            failures.append((name, result["code"], lines or result["stderr"][-500:]))
+    assert not failures, failures
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
+
+
+def test_invalid_rows_can_be_dropped_and_counted(spark, tmp_path):
+    from blocksync.pipeline import prepare_stage
+    from blocksync.run_config import load_config
+
+    pdf = frame()
+    pdf.loc[[1, 2, 3], "a"] = [np.nan, np.inf, -np.inf]
+    pdf.to_parquet(tmp_path / "dirty.parquet")
+    config = load_config(None, [f"data.source={tmp_path / 'dirty.parquet'}", "data.invalid_rows=drop"])
+    meta = prepare_stage(spark, config, tmp_path / "run")
+    assert meta["dropped_invalid_rows"] == 3
+    assert meta["rows"]["train"] + meta["rows"]["test"] == 37
+
+
+def test_missing_horovod_is_named_before_launch(spark, monkeypatch):
+    from blocksync import TrainConfig, train
+    from tests.conftest import synthetic_classification
+
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)  # what a missing or broken build looks like
+    df = spark.createDataFrame(synthetic_classification(40, 4, 2, seed=0))
+    with pytest.raises(ValueError, match=r"backend 'horovod' needs Horovod 0.28.1 built with PyTorch and Gloo"):
+        train(spark, df, TrainConfig(num_workers=2, backend="horovod"))
