@@ -13,8 +13,11 @@ Protocol, from the driver's point of view:
    one Spark job per step: Spark scheduling costs far more than a step.
 5. Collect: rank 0's state_dict chunks are joined in order and loaded with
    safetensors; every rank's timing summary becomes the run's metrics.
-6. A failed stage becomes a `TrainingError` carrying the failing rank's own
-   error line, not a bare Py4JJavaError.
+6. A failed stage becomes a `TrainingError` carrying the root cause: the
+   failing rank's own error, a stall or a dead Python worker as the run
+   monitor saw it; never a bare Py4JJavaError. Spark does not retry a failed
+   barrier stage, so the driver relaunches it up to `max_restarts` times, each
+   time resuming from the newest checkpoint; user errors are not retried.
 """
 
 from __future__ import annotations

@@ -7,15 +7,17 @@ the collectives always match and unequal blocks cannot deadlock):
    epochs (`block_data.arrow_to_block`, no per-row Python).
 2. Agree: `allGather` of (rows, features, label range, errors). If any rank
    found a problem, every rank raises the same error, so none is left waiting.
-   The step count per epoch was fixed by the driver from the global row count.
+   The step count per epoch was fixed by the driver from the global row count,
+   and every rank now knows every block size, hence each step's global batch.
 3. Start the collective backend (`collectives.start_collective`).
 4. Rank 0's initial parameters are broadcast; every replica starts identical.
 5. Each step: the worker takes its slice of a seeded per-epoch permutation
    (slices proportional to block size), computes the *summed* loss and its
-   gradients, and packs [all gradients, local count, local loss sum] into one
-   flat buffer: one all-reduce per step. Dividing by the summed count gives the
-   mean gradient of the global batch (the union of the local batches) on every
-   rank; every replica then takes the identical optimizer step.
+   gradients, divides them by the step's global batch size and exchanges the
+   flat buffer (one collective per step, optionally compressed, see
+   `compression`). The sum is the mean gradient of the global batch (the union
+   of the local batches) on every rank; every replica then takes the identical
+   optimizer step. Epoch loss and accuracy are summed once per epoch.
    In `sync: parameters` mode, the worker steps on its own mean gradient and
    every `sync_every` steps (and at the end) all-reduces
    [parameters x samples since the last sync, samples] and sets the
@@ -23,9 +25,16 @@ the collectives always match and unequal blocks cannot deadlock):
 6. Every `check_every` steps and at the end: `allGather` of a SHA-1 of the
    parameter bytes; a rank whose digest differs from rank 0's raises
    `ReplicaDivergence` naming it.
-7. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
+7. Checkpoints (with `checkpoint.dir`): every `every_steps` steps all ranks
+   take part in `checkpoint.write` at the same step (each writes its own
+   state; rank 0 the model, optimizer and manifest). A relaunch passes
+   `resume_from`, and every rank restores it and skips the steps already done.
+8. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
    chunks; every rank emits its timing summary. The collective is closed in
    `finally`.
+
+Throughout, a heartbeat thread tells the driver each rank's step and phase
+(`progress.Heartbeat`), which is how stalls and dead workers are named.
 
 The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
 """
