@@ -65,8 +65,33 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
             for i, (name, extra, message) in enumerate(table)]
 
 
-def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(tmp_path):
-    table = cases(tmp_path)
+def checkpoint_cases(spark, tmp: Path) -> list[tuple[str, list[str], str]]:
+    """A good checkpoint of an MLP [16], and a corrupted copy."""
+    import shutil
+
+    from blocksync import ModelSpec, TrainConfig, train
+    from tests.conftest import synthetic_classification
+
+    good, bad = tmp / "ckpt-good", tmp / "ckpt-bad"
+    df = spark.createDataFrame(synthetic_classification(200, 64, 10, seed=0))
+    train(spark, df, TrainConfig(num_workers=2, backend="torch_gloo", epochs=1, batch_size=20,
+                                 model=ModelSpec(name="mlp", hidden=[16]),
+                                 checkpoint={"dir": str(good), "every_steps": 5, "keep": 1}))
+    shutil.copytree(good, bad)
+    (next(bad.glob("step-*")) / "state.safetensors").write_bytes(b"garbage")
+    base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
+    return [
+        ("checkpoint of another model shape",
+         ["run", *base, f"output_dir={tmp / 'out' / 'shape'}", f"train.checkpoint.dir={good}",
+          "train.model.hidden=[8]"], "holds a model of a different shape"),
+        ("corrupted checkpoint",
+         ["run", *base, f"output_dir={tmp / 'out' / 'corrupt'}", f"train.checkpoint.dir={bad}",
+          "train.model.hidden=[16]"], "is corrupted or incomplete"),
+    ]
+
+
+def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
+    table = cases(tmp_path) + checkpoint_cases(spark, tmp_path)
     (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
@@ -105,3 +130,18 @@ def test_missing_horovod_is_named_before_launch(spark, monkeypatch):
     df = spark.createDataFrame(synthetic_classification(40, 4, 2, seed=0))
     with pytest.raises(ValueError, match=r"backend 'horovod' needs Horovod 0.28.1 built with PyTorch and Gloo"):
         train(spark, df, TrainConfig(num_workers=2, backend="horovod"))
+
+
+def test_horovod_missing_through_the_cli(tmp_path):
+    fake = tmp_path / "fake" / "horovod"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('simulated: built against another torch')\n")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(tmp_path / "fake")}
+    proc = subprocess.run([sys.executable, "-m", "blocksync.cli", "run", "--config", "conf/local.yaml", "--quiet",
+                           f"output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("blocksync:")]
+    assert len(lines) == 1 and "backend 'horovod' needs Horovod 0.28.1" in lines[0]
+    assert "simulated: built against another torch" in lines[0]
+    assert not (tmp_path / "out").exists()
