@@ -18,7 +18,7 @@ bench: setup
 	@echo "make bench: no benchmarks are implemented yet (see benchmarks/README.md)." >&2; exit 2
 
 lint: setup
-	$(VENV)/bin/ruff check lib tests jobs
+	$(VENV)/bin/ruff check lib tests jobs notebooks
 	$(VENV)/bin/mypy
 
 clean:

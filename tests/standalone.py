@@ -25,7 +25,10 @@ def free_port() -> int:
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: Path, num_workers: int = 2, cores: int = 2, memory: str = "2g") -> None:
+    def __init__(
+        self, workdir: Path, num_workers: int = 2, cores: int = 2, memory: str = "2g",
+        worker_opts: str | None = None,
+    ) -> None:
         self.home = Path(pyspark.__file__).parent
         self.workdir = workdir
         self.port, self.ui_port = free_port(), free_port()
@@ -39,6 +42,8 @@ class StandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
+        if worker_opts:
+            self.env["SPARK_WORKER_OPTS"] = worker_opts
         self.procs: list[subprocess.Popen] = []
         self.num_workers, self.cores, self.memory = num_workers, cores, memory
 
@@ -70,12 +75,14 @@ class StandaloneCluster:
             return 0
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
-    def submit(self, script: str, *args: str, conf: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    def submit(
+        self, script: str, *args: str, conf: dict[str, str], timeout: float, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         cmd = [str(self.home / "bin" / "spark-submit"), "--master", self.url]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         cmd += [script, *args]
-        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -204,7 +204,8 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         startup_seconds = time.perf_counter() - t0
         try:
             yield from _train(plan, coll, ctx, x, y, rows, device, beat,
-                              {"load_seconds": load_seconds, "startup_seconds": startup_seconds, "threads": threads})
+                              {"load_seconds": load_seconds, "startup_seconds": startup_seconds, "threads": threads,
+                               "gpu_addresses": gpus, "device_warning": warning})
             finished = True
         finally:
             coll.close()

@@ -1,0 +1,25 @@
+"""Helpers for the notebooks in notebooks/: Databricks widgets when present, plain defaults elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def widget(dbutils: Any, name: str, default: str, label: str | None = None) -> str:
+    """The value of text widget `name` (created with `default`) on Databricks; `default` without dbutils."""
+    if dbutils is None:
+        return default
+    dbutils.widgets.text(name, default, label or name)
+    return str(dbutils.widgets.get(name))
+
+
+def show_report(run_dir: str, display_html: Any = None) -> str:
+    """Show report.png inline where a notebook can (Databricks' displayHTML), and return its path."""
+    import base64
+    from pathlib import Path
+
+    path = Path(run_dir) / "report.png"
+    if display_html is not None:
+        encoded = base64.b64encode(path.read_bytes()).decode("ascii")
+        display_html(f'<img src="data:image/png;base64,{encoded}" style="max-width:100%"/>')
+    return str(path)
