@@ -244,6 +244,11 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
     """
     config = plan.config
     classic = not is_connect(spark)
+    if not classic:
+        log.warning(
+            "Spark Connect session: no SparkContext on the client, so no live progress, stall watchdog or "
+            "task-slot check; Spark's own barrier checks and the Gloo timeouts apply."
+        )
     host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1") if classic else None
     for attempt in range(config.max_restarts + 1):
         tag = f"blocksync-{uuid.uuid4().hex[:12]}"
