@@ -47,3 +47,39 @@ def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
     assert report["devices"] == ["cpu"] * 4  # this torch has no CUDA
     assert all(w and "CUDA is unavailable; training on CPU" in w for w in report["warnings"])
     assert "device='cuda' was requested but CUDA is not available" in report["demanded_cuda"]
+
+
+def test_device_selection_without_cuda():
+    import torch
+
+    from blocksync.worker import select_device
+
+    assert not torch.cuda.is_available()
+    assert select_device("cpu", ["0"]) == (torch.device("cpu"), None)
+    device, warning = select_device("auto", ["1"])
+    assert device == torch.device("cpu") and "Spark assigned GPU ['1'] but CUDA is unavailable" in warning
+    assert select_device("auto", []) == (torch.device("cpu"), None)
+    with pytest.raises(RuntimeError, match=r"device='cuda' was requested but CUDA is not available"):
+        select_device("cuda", ["0"])
+
+
+def test_host_staging_for_gloo():
+    import torch
+
+    from blocksync.collectives import SparkCollective, to_collective
+
+    coll = SparkCollective.__new__(SparkCollective)  # no Spark needed to ask where tensors go
+    cpu = torch.ones(3)
+    assert to_collective(coll, cpu) is cpu
+    assert SparkCollective.device_tensors is False  # CUDA tensors would be copied to host memory
+
+
+def test_bf16_mixed_precision_trains_and_keeps_replicas_identical(spark):
+    from blocksync import ModelSpec, TrainConfig, train
+    from tests.conftest import synthetic_classification
+
+    df = spark.createDataFrame(synthetic_classification(800, 16, 4, seed=8))
+    result = train(spark, df, TrainConfig(num_workers=4, backend="torch_gloo", epochs=4, batch_size=64, lr=0.01,
+                                          mixed_precision="bf16", model=ModelSpec(name="mlp", hidden=[32])))
+    assert len({s["digest"] for s in result.rank_summaries}) == 1
+    assert result.history[-1]["train_accuracy"] >= 0.9

@@ -80,6 +80,9 @@ def interface_for(address: str, configured: str | None) -> str:
 
 class Collective(ABC):
     name: str = ""
+    device_tensors: bool = False
+    """Whether CUDA tensors can go to the collective as they are (Horovod built with NCCL);
+    otherwise the worker stages them through host memory for Gloo."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
@@ -295,6 +298,7 @@ class HorovodCollective(Collective):
             raise CollectiveError(f"Horovod started with size {hvd.size()} but the barrier stage has {size} tasks")
         super().__init__(rank, size)
         self._hvd = hvd
+        self.device_tensors = bool(hvd.nccl_built())
         self._op = hvd.Adasum if reduce_op == "adasum" else hvd.Sum
         # Partition id -> Horovod rank, so `broadcast(root=partition)` means the same on every backend.
         self._hvd_rank = {p: int(m) for p, m in enumerate(ctx.allGather(str(slot.rank)))}
@@ -316,6 +320,13 @@ class HorovodCollective(Collective):
         if self._open:
             self._hvd.shutdown()
             self._open = False
+
+
+def to_collective(coll: Collective, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` where `coll` can reduce it: unchanged on CPU or with NCCL, else copied to host memory."""
+    if tensor.device.type == "cuda" and not coll.device_tensors:
+        return tensor.cpu()
+    return tensor
 
 
 def start_collective(

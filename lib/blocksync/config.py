@@ -184,6 +184,9 @@ class TrainConfig:
     """Steps between replica-consistency checks (parameter checksums allGathered); 0: only at the end."""
     device: DeviceName = "auto"
     """`auto`: the GPU Spark assigned to the task if CUDA is usable, else CPU."""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """`bf16`: forward pass under torch.autocast in bfloat16 (CPU and GPU; no loss scaling needed).
+    Gradients, the exchange and the optimizer stay float32, so replicas stay identical."""
     threads_per_worker: int | None = None
     """torch intra-op threads per worker; None: spark.task.cpus."""
     gloo_timeout_seconds: int = 60
@@ -224,6 +227,7 @@ class TrainConfig:
         if self.faults.kill_rank is not None and self.faults.kill_rank >= self.num_workers:
             raise ValueError(f"faults.kill_rank={self.faults.kill_rank} but num_workers={self.num_workers}.")
         _choice("compression", self.compression, COMPRESSIONS)
+        _choice("mixed_precision", self.mixed_precision, ("none", "bf16"))
         if not 0.0 < self.topk_ratio <= 1.0:
             raise ValueError(f"topk_ratio={self.topk_ratio} must be in (0, 1].")
         if self.straggler_factor <= 1.0:

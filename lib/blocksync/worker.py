@@ -57,7 +57,7 @@ import torch
 
 from blocksync import checkpoint
 from blocksync.block_data import arrow_to_block, batch_slices, epoch_permutation
-from blocksync.collectives import Collective, start_collective
+from blocksync.collectives import Collective, start_collective, to_collective
 from blocksync.compression import make_compressor
 from blocksync.config import TrainConfig
 from blocksync.models import build_model
@@ -239,7 +239,7 @@ def _train(
     rank, n_local = coll.rank, int(x.shape[0])
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
-    _set_params(model, coll.broadcast(_flat_params(model).contiguous(), root=0))
+    _set_params(model, coll.broadcast(to_collective(coll, _flat_params(model).contiguous()), root=0))
     model.train()
     optimizer = build_optimizer(model, cfg)
     schedule = build_schedule(optimizer, plan.total_steps, cfg)
@@ -301,8 +301,9 @@ def _train(
             optimizer.zero_grad(set_to_none=False)
             count = float(hi - lo)
             if count:
-                out = model(xb)
-                loss = loss_sum(out, yb, cfg.task)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.mixed_precision == "bf16"):
+                    out = model(xb)
+                    loss = loss_sum(out.float(), yb, cfg.task)
                 loss.backward()
                 local_stats[0] += count
                 local_stats[1] += float(loss.detach())
@@ -314,10 +315,10 @@ def _train(
             beat.at(step, "sync")
             if cfg.sync == "gradients":
                 contribution = torch.cat([g.reshape(-1) for g in grads]) / float(global_batch[s_in_epoch])
-                exchanged = compressor.exchange(contribution, step)
+                exchanged = compressor.exchange(to_collective(coll, contribution), step)
                 payload_bytes += exchanged.payload_bytes
                 wire_bytes += exchanged.wire_bytes
-                torch.nn.utils.vector_to_parameters(exchanged.mean_gradient, grads)
+                torch.nn.utils.vector_to_parameters(exchanged.mean_gradient.to(device), grads)
             else:
                 if count:
                     for g in grads:
@@ -390,7 +391,7 @@ def _rate(plan: WorkerPlan, step: int, since: float) -> float:
 
 def _average_parameters(coll: Collective, model: torch.nn.Module, weight: float) -> int:
     """Set every replica to the sample-weighted mean of the replicas' parameters; returns bytes contributed."""
-    params = _flat_params(model)
+    params = to_collective(coll, _flat_params(model))
     flat = torch.cat([params * weight, torch.tensor([weight], device=params.device)])
     flat = coll.allreduce_sum(flat)
     _set_params(model, flat[:-1] / float(flat[-1]))
