@@ -15,10 +15,10 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	@echo "make bench: no benchmarks are implemented yet (see benchmarks/README.md)." >&2; exit 2
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check lib tests jobs notebooks
+	$(VENV)/bin/ruff check lib tests jobs notebooks benchmarks
 	$(VENV)/bin/mypy
 
 clean:
