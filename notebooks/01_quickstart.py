@@ -8,18 +8,10 @@
 
 # COMMAND ----------
 
-try:
-    dbutils  # noqa: B018,F821  (provided by Databricks)
-except NameError:
-    dbutils = None
-try:
-    spark  # noqa: B018,F821  (provided by Databricks)
-except NameError:
-    from blocksync.session import local_session
+from blocksync.notebook import notebook_context, show_report, widget
 
-    spark = local_session("local[4]", "blocksync-notebook")
-
-from blocksync.notebook import show_report, widget
+# Databricks provides spark, dbutils and displayHTML; elsewhere: a local[4] session and the defaults.
+spark, dbutils, display_html = notebook_context(globals())
 
 output_dir = widget(dbutils, "output_dir", "/tmp/blocksync/quickstart", "Run directory")
 num_workers = widget(dbutils, "num_workers", "4", "Workers")
@@ -47,9 +39,5 @@ print(f"test accuracy {metrics['test_accuracy']:.4f}, samples/s {metrics['sample
 
 # COMMAND ----------
 
-try:
-    display_html = displayHTML  # noqa: F821  (provided by Databricks)
-except NameError:
-    display_html = None
 report_path = show_report(output_dir, display_html)
 print(report_path)

@@ -8,18 +8,10 @@
 
 # COMMAND ----------
 
-try:
-    dbutils  # noqa: B018,F821  (provided by Databricks)
-except NameError:
-    dbutils = None
-try:
-    spark  # noqa: B018,F821  (provided by Databricks)
-except NameError:
-    from blocksync.session import local_session
+from blocksync.notebook import notebook_context, widget
 
-    spark = local_session("local[4]", "blocksync-notebook")
-
-from blocksync.notebook import widget
+# Databricks provides spark, dbutils and displayHTML; elsewhere: a local[4] session and the defaults.
+spark, dbutils, display_html = notebook_context(globals())
 
 output_root = widget(dbutils, "output_root", "/tmp/blocksync/compression", "Folder for the runs")
 epochs = widget(dbutils, "epochs", "20", "Epochs")

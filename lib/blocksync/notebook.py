@@ -5,6 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 
+def notebook_context(namespace: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(spark, dbutils, displayHTML) from a notebook's globals.
+
+    Databricks predefines all three; elsewhere dbutils and displayHTML are None
+    and spark is a new local[4] session.
+    """
+    spark = namespace.get("spark")
+    if spark is None:
+        from blocksync.session import local_session
+
+        spark = local_session("local[4]", "blocksync-notebook")
+    return spark, namespace.get("dbutils"), namespace.get("displayHTML")
+
+
 def widget(dbutils: Any, name: str, default: str, label: str | None = None) -> str:
     """The value of text widget `name` (created with `default`) on Databricks; `default` without dbutils."""
     if dbutils is None:
