@@ -190,7 +190,8 @@ class TrainConfig:
     threads_per_worker: int | None = None
     """torch intra-op threads per worker; None: spark.task.cpus."""
     gloo_timeout_seconds: int = 60
-    """Gloo rendezvous/collective timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, torch_gloo timeout)."""
+    """Gloo rendezvous timeout; collectives use max(this, timeouts.step_seconds + 30) so the driver's
+    stall watchdog reports first (HOROVOD_GLOO_TIMEOUT_SECONDS, torch_gloo timeout)."""
     network_interface: str | None = None
     """NIC for Gloo; None: the interface that holds the task's own address (lo on 127.0.0.1)."""
     compression: Compression = "none"
