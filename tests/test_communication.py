@@ -105,3 +105,40 @@ def test_compression_config_errors():
         TrainConfig(compression="topk", sync="parameters")
     with pytest.raises(ValueError, match=r"topk_ratio=0 must be in \(0, 1\]"):
         TrainConfig(topk_ratio=0)
+
+
+@pytest.mark.parametrize("backend", ["horovod", "torch_gloo"])
+def test_rendezvous_listens_on_the_task_host_only_during_start_up(spark, backend):
+    def task(rows):
+        import json
+        import socket
+
+        from pyspark import BarrierTaskContext
+
+        from blocksync.collectives import start_collective
+
+        for _ in rows:
+            pass
+        coll = start_collective(backend, BarrierTaskContext.get(), timeout_seconds=60, interface=None)
+        try:
+            host, port = coll.rendezvous
+            total = float(coll.allreduce_sum(torch.ones(3))[0])  # collectives still work without it
+            probe = socket.socket()
+            probe.settimeout(5)
+            try:
+                probe.connect((host, port))
+                listening = True
+            except OSError:
+                listening = False
+            finally:
+                probe.close()
+        finally:
+            coll.close()
+        yield json.dumps({"host": host, "port": port, "listening": listening, "sum": total})
+
+    import json
+
+    out = [json.loads(r) for r in spark.sparkContext.parallelize(range(4), 4).barrier().mapPartitions(task).collect()]
+    assert {o["host"] for o in out} == {"127.0.0.1"} and len({o["port"] for o in out}) == 1 and out[0]["port"] > 0
+    assert [o["sum"] for o in out] == [4.0] * 4
+    assert not any(o["listening"] for o in out), out

@@ -12,8 +12,10 @@ Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`):
   hosts, and shares the port; every task sets the HOROVOD_* variables of its
   slot and calls `hvd.init()`. The server is stopped once all ranks have
   initialised (it is only needed for start-up).
-- `torch_gloo`: rank 0 opens a `TCPStore` on its task address (ephemeral port),
-  shares the port, and every task joins `init_process_group("gloo")`.
+- `torch_gloo`: rank 0 opens a `TCPStore` server on its task address (ephemeral
+  port) and shares the port; every task joins `init_process_group("gloo")` as a
+  store client, and the server is closed after the first collective (Gloo's
+  mesh is connected by then; nothing later uses the store).
 - `spark`: `allGather` of each rank's base64-encoded buffer, summed in rank
   order. No extra dependency; every byte goes through the driver, so it is
   only for tiny models.
@@ -83,6 +85,9 @@ class Collective(ABC):
     device_tensors: bool = False
     """Whether CUDA tensors can go to the collective as they are (Horovod built with NCCL);
     otherwise the worker stages them through host memory for Gloo."""
+    rendezvous: tuple[str, int] | None = None
+    """Where the start-up rendezvous listened (rank 0's task host, ephemeral port); it is
+    closed once every rank has joined. None for the spark backend, which opens nothing."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
@@ -171,17 +176,24 @@ class TorchGlooCollective(Collective):
             dist.destroy_process_group()
         os.environ["GLOO_SOCKET_IFNAME"] = interface_for(hosts[rank], interface)
         timeout = timedelta(seconds=timeout_seconds)
-        store = None
+        # Rank 0 runs the store's server as a separate object so that it can be
+        # closed once the group is up; every rank (rank 0 included) is a client.
+        server = None
         if rank == 0:
-            store = dist.TCPStore(hosts[0], 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        port = int(json.loads(ctx.allGather(json.dumps(store.port if store else None))[0]))
-        if store is None:
-            store = dist.TCPStore(hosts[0], port, size, is_master=False, timeout=timeout)
+            server = dist.TCPStore(hosts[0], 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+        port = int(json.loads(ctx.allGather(json.dumps(server.port if server else None))[0]))
+        self.rendezvous = (hosts[0], port)
+        store = dist.TCPStore(hosts[0], port, size, is_master=False, timeout=timeout)
         try:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
+            # Gloo connects the full mesh inside init; after one collective every
+            # rank is past the store, so its server can stop listening.
+            dist.all_reduce(torch.zeros(1))
         except Exception as err:
             raise CollectiveError(f"torch.distributed gloo failed to start on rank {rank}: {err}") from err
-        self._store: Any = store  # kept alive until close
+        finally:
+            del server  # the TCPStore server closes its socket when its object goes
+        self._store: Any = store  # the client: torch keeps a reference to it anyway
         self._group_started = True
 
     def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
@@ -297,6 +309,7 @@ class HorovodCollective(Collective):
         if hvd.size() != size:
             raise CollectiveError(f"Horovod started with size {hvd.size()} but the barrier stage has {size} tasks")
         super().__init__(rank, size)
+        self.rendezvous = (hosts[0], port)
         self._hvd = hvd
         self.device_tensors = bool(hvd.nccl_built())
         self._op = hvd.Adasum if reduce_op == "adasum" else hvd.Sum
