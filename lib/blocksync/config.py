@@ -121,8 +121,9 @@ class FaultSettings:
     """Rank that fails at `at_step` (in the first `repeat` attempts)."""
     at_step: int = 0
     """Step (0-based, global) at which `kill_rank` fails."""
-    mode: Literal["exit", "raise", "hang"] = "exit"
-    """exit: the Python worker process dies; raise: an exception; hang: the rank stops making progress."""
+    mode: Literal["exit", "raise", "hang", "executor"] = "exit"
+    """exit: the Python worker process dies; raise: an exception; hang: the rank stops making progress;
+    executor: the rank's executor JVM is killed (a lost executor or node; cluster masters only)."""
     repeat: int = 1
     """In how many attempts (the first one and restarts) the fault fires."""
 
@@ -133,7 +134,7 @@ class FaultSettings:
 
     def __post_init__(self) -> None:
         _positive("faults.slow_ms", self.slow_ms, allow_zero=True)
-        _choice("faults.mode", self.mode, ("exit", "raise", "hang"))
+        _choice("faults.mode", self.mode, ("exit", "raise", "hang", "executor"))
         _positive("faults.at_step", self.at_step, allow_zero=True)
         _positive("faults.repeat", self.repeat)
         if self.kill_rank is not None and self.kill_rank < 0:

@@ -86,6 +86,9 @@ def task_slots(spark: SparkSession) -> int | None:
         return sc.defaultParallelism // cpus
 
 
+RELAUNCH_SLOT_WAIT_SECONDS = 120.0
+
+
 def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.0) -> None:
     """Fail fast and clearly when the barrier stage cannot get `num_workers` slots.
 
@@ -103,6 +106,17 @@ def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.
         raise ValueError(
             f"num_workers={num_workers} but the cluster has {slots} task slots; "
             "lower num_workers or add executors/cores (a barrier stage needs all its tasks at once)."
+        )
+
+
+def check_fault_mode(spark: SparkSession, config: TrainConfig) -> None:
+    """faults.mode=executor kills the executor JVM; in local mode that JVM is the driver."""
+    if config.faults.kill_rank is None or config.faults.mode != "executor" or is_connect(spark):
+        return
+    if (spark.sparkContext.master or "").startswith("local"):
+        raise ValueError(
+            "faults.mode=executor kills the rank's executor JVM, which in local mode is the driver itself; "
+            "use a cluster master (standalone, YARN, Kubernetes) or faults.mode=exit."
         )
 
 
@@ -203,6 +217,7 @@ def train_blocks(
             "use make_blocks or repartition to num_workers."
         )
     check_horovod_knobs(spark, config)
+    check_fault_mode(spark, config)
     num_outputs = resolve_outputs(config, blocks)
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
@@ -258,6 +273,9 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
                                  stall_seconds=config.timeouts.step_seconds,
                                  on_stall=partial(spark.sparkContext.cancelJobsWithTag, tag))
             spark.sparkContext.addJobTag(tag)
+        if attempt and classic:
+            # A lost executor takes its slots with it until the cluster manager replaces it.
+            check_slots(spark, config.num_workers, wait_seconds=RELAUNCH_SLOT_WAIT_SECONDS)
         run_plan = replace(plan, attempt=attempt, resume_from=checkpoint.latest(config.checkpoint.dir),
                            monitor_address=monitor.address if monitor else None)
         try:

@@ -127,7 +127,8 @@ class RunMonitor:
                 where = ", ".join(
                     f"rank {r} at step {active[r]['step']} ({active[r]['phase']})" for r in sorted(stalled)
                 )
-                self.failure = f"stalled: {where}; no rank made progress for more than {self.stall_seconds:g} s"
+                self.failure = (f"stalled: {where}; no rank made progress for {idle:.1f} s "
+                                f"(timeouts.step_seconds={self.stall_seconds:g})")
             log.error("%s; cancelling the stage", self.failure)
             if self.on_stall is not None:
                 self.on_stall()

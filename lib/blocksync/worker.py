@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 import traceback
 from collections.abc import Iterator
@@ -227,8 +228,22 @@ def _inject_fault(cfg: TrainConfig, attempt: int, rank: int, step: int, beat: He
         os._exit(17)  # the Python worker dies like a killed process: no cleanup, no exception
     if faults.mode == "raise":
         raise RuntimeError(f"injected fault at step {step}")
+    if faults.mode == "executor":
+        os.kill(_executor_jvm_pid(), signal.SIGKILL)  # the executor and every task on it are lost
     while True:  # hang: the heartbeat thread keeps reporting this step until the stage is cancelled
         time.sleep(3600)
+
+
+def _executor_jvm_pid() -> int:
+    """The JVM this Python worker serves: the nearest `java` ancestor (Linux /proc)."""
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/comm") as fh:
+            if fh.read().strip() == "java":
+                return pid
+        with open(f"/proc/{pid}/stat") as fh:  # "pid (comm) state ppid ...": comm may hold spaces
+            pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("faults.mode=executor: no executor JVM among this Python worker's ancestors")
 
 
 def _train(
