@@ -1,30 +1,48 @@
-"""`python -m benchmarks [name ...]` (make bench): run the benchmarks and write benchmarks/results/."""
+"""`python -m benchmarks [name ...]` (make bench, blocksync bench): run benchmarks, write benchmarks/results/.
+
+Order matters for `scaling`: it is a model fed by the throughput and
+compression results, so it runs after them (or from their recorded files).
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
+import time
+from pathlib import Path
 
-from blocksync.session import local_session
-
-BENCHMARKS = ("allreduce",)
+BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str]) -> int:
     names = argv or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
-        print(f"unknown benchmark(s) {unknown}; available: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        print(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
-    spark = local_session("local[4]", "blocksync-bench", {"spark.driver.memory": "4g"})
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        if "allreduce" in names:
-            from benchmarks import allreduce
+    names = [n for n in BENCHMARKS if n in names]
+    # Executors import benchmarks.peer_fns (TorchDistributor, horovod.spark.run): the JVM passes this on.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    spark = None
+    if any(n in NEEDS_SPARK for n in names):
+        from blocksync.session import local_session
 
-            allreduce.run(spark)
-            print("wrote benchmarks/results/allreduce.{json,md,png}")
+        spark = local_session("local[4]", "blocksync-bench", {"spark.driver.memory": "6g",
+                                                              "spark.ui.showConsoleProgress": "false"})
+        spark.sparkContext.setLogLevel("ERROR")
+    try:
+        for name in names:
+            start = time.perf_counter()
+            print(f"== {name}", flush=True)
+            importlib.import_module(f"benchmarks.{name}").run(spark)
+            print(f"== {name}: wrote benchmarks/results/{name}.{{json,md,png}} in {time.perf_counter() - start:.0f} s",
+                  flush=True)
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     return 0
 
 

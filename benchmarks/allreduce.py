@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from benchmarks.common import median, write
+from benchmarks.common import figure, median, save_figure, write
 
 SIZES = [4 * 1024, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024, 64 * 1024 * 1024]
 BACKENDS = ["horovod", "torch_gloo", "spark"]
@@ -115,20 +115,11 @@ def _size(n: int) -> str:
 
 
 def _plot(rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from benchmarks.common import RESULTS
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figure()
     for backend in BACKENDS:
         mine = [r for r in rows if r["backend"] == backend]
         ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], marker="o", label=backend)
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
            title=f"all-reduce, {WORKERS} workers on local[{WORKERS}]")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "allreduce.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, "allreduce")

@@ -45,3 +45,39 @@ def write(name: str, payload: dict[str, Any], markdown: str) -> Path:
     (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), **payload}, indent=1))
     (RESULTS / f"{name}.md").write_text(markdown)
     return RESULTS / f"{name}.json"
+
+
+def figure(width: float = 7, height: float = 4, ncols: int = 1):
+    """A matplotlib (figure, axes) on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=(width, height))
+
+
+def save_figure(fig, name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    plt.close(fig)
+
+
+def cached_blocks(spark, files: list[str], workers: int):
+    """blocksync's blocks of these Parquet files for `workers` workers, cut once and cached: (blocks, info)."""
+    from blocksync.blocks import make_blocks
+
+    blocks, info = make_blocks(spark.read.parquet(*files), features="features", label="label",
+                               num_workers=workers, seed=0)
+    blocks = blocks.cache()
+    blocks.count()
+    return blocks, info
+
+
+def steady_step_seconds(result, warmup: int) -> float:
+    """Rank 0's median step period (start of one step to the next) after `warmup` steps."""
+    starts = [t[0] for t in result.rank_summaries[0]["step_timings"]]
+    return float(statistics.median(b - a for a, b in zip(starts[warmup:], starts[warmup + 1:], strict=False)))

@@ -1,4 +1,4 @@
-"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`.
+"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`; `blocksync bench [name ...]`.
 
 The console script and `spark-submit jobs/<stage>.py` both call `main`.
 Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
@@ -30,7 +30,7 @@ class UsageError(ValueError):
 
 def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
-                     description="Block-synchronous PyTorch training on Spark.")
+                     description="Block-synchronous PyTorch training on Spark. `blocksync bench [name ...]` runs the benchmarks.")
     if stage is None:
         parser.add_argument("stage", choices=STAGES, help="what to run")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
@@ -109,6 +109,20 @@ def _print_result(metrics: dict, run_dir: Path) -> None:
     print(f"report: {run_dir / 'report.png'}   metrics: {run_dir / 'metrics.json'}")
 
 
+def run_benchmarks(names: list[str]) -> int:
+    """`blocksync bench`: the benchmarks of the source checkout this package was installed from (editable)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        raise ValueError(
+            f"blocksync bench runs the benchmarks of a source checkout, and there is none at {root}; "
+            "clone the repository and run `make bench` (or `pip install -e .` from the clone)."
+        )
+    sys.path.insert(0, str(root))
+    from benchmarks.__main__ import main as bench_main
+
+    return bench_main(names)
+
+
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     """Entry point of the console script (`stage=None`) and of jobs/<stage>.py."""
     from blocksync.collectives import CollectiveError
@@ -118,6 +132,9 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     for noisy in ("py4j", "pyspark", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if stage is None and argv[:1] == ["bench"]:
+            return run_benchmarks(argv[1:])
         args = build_parser(stage).parse_intermixed_args(argv)
         return execute(stage or args.stage, args)
     except (ValueError, FileExistsError) as err:

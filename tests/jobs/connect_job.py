@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 import numpy as np
 import pandas as pd
+from job_report import run_and_report
 from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train
@@ -14,32 +12,26 @@ from blocksync.artifacts import SavedModel
 from blocksync.evaluate import metrics, score
 
 
-def main(out_path: str) -> None:
-    spark = SparkSession.builder.remote("local[4]").getOrCreate()
-    try:
-        rng = np.random.default_rng(0)
-        labels = rng.integers(0, 3, 600)
-        x = rng.normal(size=(600, 8)).astype(np.float32) + 2 * labels[:, None]
-        df = spark.createDataFrame(pd.DataFrame({"features": list(x), "label": labels.astype(np.int64)}))
-        result = train(spark, df, TrainConfig(num_workers=4, backend="horovod", epochs=5, batch_size=50, lr=0.05,
-                                              model=ModelSpec(name="logreg")))
-        saved = SavedModel(module=result.model, meta={
-            "task": "classification", "model": {"name": "logreg", "hidden": [], "dropout": 0.0,
-                                                "image_shape": None, "options": {}},
-            "num_features": 8, "num_outputs": 3, "mean": None, "std": None,
-        })
-        scored = metrics(score(spark, df, saved), "classification")
-        report = {
-            "session": type(spark).__module__,
-            "block_sizes": result.block_sizes,
-            "digests": sorted({s["digest"] for s in result.rank_summaries}),
-            "accuracy": scored["test_accuracy"],
-        }
-        with open(out_path, "w") as fh:
-            json.dump(report, fh)
-    finally:
-        spark.stop()
+def job(spark: SparkSession) -> dict:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 600)
+    x = rng.normal(size=(600, 8)).astype(np.float32) + 2 * labels[:, None]
+    df = spark.createDataFrame(pd.DataFrame({"features": list(x), "label": labels.astype(np.int64)}))
+    result = train(spark, df, TrainConfig(num_workers=4, backend="horovod", epochs=5, batch_size=50, lr=0.05,
+                                          model=ModelSpec(name="logreg")))
+    saved = SavedModel(module=result.model, meta={
+        "task": "classification", "model": {"name": "logreg", "hidden": [], "dropout": 0.0,
+                                            "image_shape": None, "options": {}},
+        "num_features": 8, "num_outputs": 3, "mean": None, "std": None,
+    })
+    scored = metrics(score(spark, df, saved), "classification")
+    return {
+        "session": type(spark).__module__,
+        "block_sizes": result.block_sizes,
+        "digests": sorted({s["digest"] for s in result.rank_summaries}),
+        "accuracy": scored["test_accuracy"],
+    }
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_and_report(lambda: SparkSession.builder.remote("local[4]").getOrCreate(), job)

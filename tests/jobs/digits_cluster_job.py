@@ -2,40 +2,32 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 import numpy as np
 import torch
+from job_report import run_and_report
 from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train
 from blocksync.datasets import digits_frame, split_standardized
 
 
-def main(out_path: str) -> None:
-    spark = SparkSession.builder.appName("blocksync-cluster-test").getOrCreate()
-    try:
-        train_df, test_df, _ = split_standardized(
-            digits_frame(spark), [f"pixel_{i}" for i in range(64)], test_fraction=0.2, seed=42
-        )
-        cfg = TrainConfig(num_workers=4, backend="horovod", epochs=20, batch_size=64, lr=2e-3,
-                          model=ModelSpec(name="mlp", hidden=[128, 64]))
-        result = train(spark, train_df, cfg)
-        pdf = test_df.toPandas()
-        x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
-        with torch.no_grad():
-            accuracy = float((result.model(x).argmax(1).numpy() == pdf["label"].to_numpy()).mean())
-        report = {
-            "accuracy": accuracy,
-            "task_addresses": [s["task_address"] for s in result.rank_summaries],
-            "master": spark.sparkContext.master,
-        }
-        with open(out_path, "w") as fh:
-            json.dump(report, fh)
-    finally:
-        spark.stop()
+def job(spark: SparkSession) -> dict:
+    train_df, test_df, _ = split_standardized(
+        digits_frame(spark), [f"pixel_{i}" for i in range(64)], test_fraction=0.2, seed=42
+    )
+    cfg = TrainConfig(num_workers=4, backend="horovod", epochs=20, batch_size=64, lr=2e-3,
+                      model=ModelSpec(name="mlp", hidden=[128, 64]))
+    result = train(spark, train_df, cfg)
+    pdf = test_df.toPandas()
+    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
+    with torch.no_grad():
+        accuracy = float((result.model(x).argmax(1).numpy() == pdf["label"].to_numpy()).mean())
+    return {
+        "accuracy": accuracy,
+        "task_addresses": [s["task_address"] for s in result.rank_summaries],
+        "master": spark.sparkContext.master,
+    }
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_and_report(lambda: SparkSession.builder.appName("blocksync-cluster-test").getOrCreate(), job)

@@ -1,0 +1,170 @@
+"""Peers on the same job: what a user would pick instead of blocksync, timed to the same test accuracy.
+
+Two jobs on the synthetic 1,048,576 x 128 binary task (benchmarks/data.py):
+
+- MLP (128 -> 256 -> 256 -> 2, Adam lr 1e-3, global batch 4,096, one epoch,
+  2 workers with one thread each) by blocksync (horovod backend), by
+  TorchDistributor (pyspark.ml.torch.distributor, torchrun + DDP over Gloo) and
+  by horovod.spark.run (Horovod's own Spark launcher); benchmarks/peer_fns.py
+  holds the peers' training function: each rank reads its Parquet shards.
+- Logistic regression: blocksync's `logreg` (4 workers, Adam lr 0.01, batch
+  4,096, one epoch) against Spark MLlib's LogisticRegression (L-BFGS, local[4])
+  on the same rows as a cached vector column, with the fewest iterations of
+  5, 10, 20, 40 that reach the target (chosen in the first repetition).
+
+Time-to-accuracy: wall time from the call on the driver to a trained model on
+the driver, everything included (Spark stages, reading the data, start-up of
+the processes and collectives, training); the model's accuracy on the 65,536
+test rows must reach the target, else the row says so. Contenders alternate
+within each repetition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.common import figure, median, save_figure, write
+from benchmarks.data import Dataset, accuracy, synthetic
+
+HIDDEN = [256, 256]
+BATCH = 4096
+MLP_WORKERS = 2
+LR_WORKERS = 4
+TARGET = {"mlp": 0.88, "logreg": 0.89}
+MLLIB_ITERATIONS = [5, 10, 20, 40]
+REPETITIONS = 3
+
+
+def _state(numpy_state: dict) -> dict:
+    return {k: torch.from_numpy(v) for k, v in numpy_state.items()}
+
+
+def blocksync_mlp(spark, data: Dataset) -> tuple[float, float]:
+    from blocksync import ModelSpec, TrainConfig, train
+
+    start = time.perf_counter()
+    df = spark.read.parquet(*data.train_files)
+    result = train(spark, df, TrainConfig(num_workers=MLP_WORKERS, backend="horovod", epochs=1, batch_size=BATCH,
+                                          optimizer="adam", lr=1e-3, seed=0, threads_per_worker=1,
+                                          model=ModelSpec(name="mlp", hidden=HIDDEN)))
+    seconds = time.perf_counter() - start
+    return seconds, accuracy(result.model.state_dict(), data.test_file, HIDDEN)
+
+
+def torch_distributor(spark, data: Dataset) -> tuple[float, float]:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from benchmarks.peer_fns import ddp_train
+
+    start = time.perf_counter()
+    state = TorchDistributor(num_processes=MLP_WORKERS, local_mode=False, use_gpu=False).run(
+        ddp_train, data.train_files, HIDDEN, data.features, BATCH, 1, 1e-3)
+    seconds = time.perf_counter() - start
+    return seconds, accuracy(_state(state), data.test_file, HIDDEN)
+
+
+def horovod_spark(spark, data: Dataset) -> tuple[float, float]:
+    import horovod.spark
+
+    from benchmarks.peer_fns import horovod_train
+
+    start = time.perf_counter()
+    states = horovod.spark.run(horovod_train, args=(data.train_files, HIDDEN, data.features, BATCH, 1, 1e-3),
+                               num_proc=MLP_WORKERS, use_gloo=True, nics=["lo"], start_timeout=120, verbose=0)
+    seconds = time.perf_counter() - start
+    return seconds, accuracy(_state(states[0]), data.test_file, HIDDEN)
+
+
+def blocksync_logreg(spark, data: Dataset) -> tuple[float, float]:
+    from blocksync import ModelSpec, TrainConfig, train
+
+    start = time.perf_counter()
+    df = spark.read.parquet(*data.train_files)
+    result = train(spark, df, TrainConfig(num_workers=LR_WORKERS, backend="horovod", epochs=1, batch_size=BATCH,
+                                          optimizer="adam", lr=0.01, seed=0, model=ModelSpec(name="logreg")))
+    seconds = time.perf_counter() - start
+    return seconds, accuracy(result.model.state_dict(), data.test_file, [])
+
+
+def mllib_logreg(spark, data: Dataset, iterations: int) -> tuple[float, float]:
+    from pyspark.ml.classification import LogisticRegression
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.functions import array_to_vector
+
+    def vectors(paths: list[str]):
+        return spark.read.parquet(*paths).select(array_to_vector("features").alias("features"), "label")
+
+    start = time.perf_counter()
+    df = vectors(data.train_files).cache()
+    df.count()
+    model = LogisticRegression(maxIter=iterations, regParam=0.0, tol=1e-9).fit(df)
+    seconds = time.perf_counter() - start
+    df.unpersist()
+    scored = model.transform(vectors([data.test_file]))
+    return seconds, float(MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored))
+
+
+def _mllib_iterations(spark, data: Dataset) -> int:
+    for iterations in MLLIB_ITERATIONS:
+        _, acc = mllib_logreg(spark, data, iterations)
+        print(f"MLlib maxIter={iterations}: accuracy {acc:.4f}", flush=True)
+        if acc >= TARGET["logreg"]:
+            return iterations
+    return MLLIB_ITERATIONS[-1]
+
+
+def run(spark) -> dict:
+    data = synthetic()
+    iterations = _mllib_iterations(spark, data)
+    contenders: dict[str, tuple[str, Any]] = {
+        "blocksync mlp (horovod, 2 workers)": ("mlp", blocksync_mlp),
+        "TorchDistributor DDP (2 processes)": ("mlp", torch_distributor),
+        "horovod.spark.run (2 processes)": ("mlp", horovod_spark),
+        "blocksync logreg (horovod, 4 workers)": ("logreg", blocksync_logreg),
+        f"MLlib LogisticRegression (maxIter={iterations})": ("logreg",
+                                                             lambda s, d: mllib_logreg(s, d, iterations)),
+    }
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    for rep in range(REPETITIONS):
+        for name, (_, fn) in contenders.items():
+            seconds, acc = fn(spark, data)
+            samples[name].append((seconds, acc))
+            print(f"rep {rep + 1}/{REPETITIONS} {name}: {seconds:.1f} s, accuracy {acc:.4f}", flush=True)
+    rows = []
+    for name, (job, _) in contenders.items():
+        seconds = median([s for s, _ in samples[name]])
+        accs = [a for _, a in samples[name]]
+        rows.append({"contender": name, "job": job, "seconds": seconds, "accuracy_min": min(accs),
+                     "target": TARGET[job], "reached": min(accs) >= TARGET[job], "repetitions": len(accs)})
+    for row in rows:
+        ours = next(r for r in rows if r["job"] == row["job"] and r["contender"].startswith("blocksync"))
+        row["blocksync_over_this"] = ours["seconds"] / row["seconds"]
+    payload = {"rows": rows, "data_rows": data.rows, "features": data.features, "global_batch": BATCH,
+               "method": f"median wall time over {REPETITIONS} alternating repetitions, call to model on the driver"}
+    write("peers", payload, _markdown(payload))
+    _plot(rows)
+    return payload
+
+
+def _markdown(p: dict) -> str:
+    lines = [f"# Peers: time to accuracy, {p['data_rows']:,} x {p['features']} synthetic rows", "",
+             "Wall time from the call to a trained model on the driver (median); accuracy on 65,536 test rows "
+             "(worst repetition). Ratio: blocksync's time over the contender's (below 1: blocksync is faster).", "",
+             "| job | contender | time to accuracy | accuracy | target | blocksync / this |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in p["rows"]:
+        reached = "" if r["reached"] else " (not reached)"
+        lines.append(f"| {r['job']} | {r['contender']} | {r['seconds']:.1f} s | {r['accuracy_min']:.4f}{reached} "
+                     f"| {r['target']} | {r['blocksync_over_this']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict]) -> None:
+    fig, ax = figure(8, 4)
+    ax.barh([r["contender"] for r in rows][::-1], [r["seconds"] for r in rows][::-1],
+            color=["tab:blue" if r["contender"].startswith("blocksync") else "tab:gray" for r in rows][::-1])
+    ax.set(xlabel="time to accuracy (s, median)", title="blocksync and its peers on the same job")
+    save_figure(fig, "peers")
