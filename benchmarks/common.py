@@ -66,12 +66,16 @@ def save_figure(fig, name: str) -> None:
     plt.close(fig)
 
 
-def cached_blocks(spark, files: list[str], workers: int):
-    """blocksync's blocks of these Parquet files for `workers` workers, cut once and cached: (blocks, info)."""
+def cached_blocks(spark, files: list[str], workers: int, seed: int = 0):
+    """blocksync's blocks of these Parquet files for `workers` workers, cut once and cached: (blocks, info).
+
+    Spark answers any later query with the same plan from this cache: a timed `train`
+    on the same files must use another seed, or it would skip cutting its blocks.
+    """
     from blocksync.blocks import make_blocks
 
     blocks, info = make_blocks(spark.read.parquet(*files), features="features", label="label",
-                               num_workers=workers, seed=0)
+                               num_workers=workers, seed=seed)
     blocks = blocks.cache()
     blocks.count()
     return blocks, info

@@ -62,7 +62,8 @@ def load_numpy(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(features float32 [n, FEATURES], labels int64 [n]) of the given shards, in order."""
     table = pa.concat_tables(pq.read_table(f) for f in files)
     flat = table.column("features").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return flat.reshape(-1, FEATURES).astype(np.float32, copy=False), table.column("label").to_numpy()
+    # Copies: Arrow's buffers are read-only, and torch.from_numpy wants writable memory.
+    return flat.reshape(-1, FEATURES).astype(np.float32), table.column("label").to_numpy().copy()
 
 
 def accuracy(state: dict, test_file: str, hidden: list[int]) -> float:

@@ -37,6 +37,9 @@ class BlockInfo:
 
     num_features: int
     sizes: list[int]
+    labels: tuple[float, float, int] | None = None
+    """(min, max, number of non-integer labels), when `make_blocks` counted them on its
+    pass over the data; None makes the launcher scan the blocks for them."""
 
 
 def _is_vector(dtype: T.DataType) -> bool:
@@ -131,6 +134,8 @@ def make_blocks(
         F.min(F.size(FEATURES)).alias("dmin"),
         F.max(F.size(FEATURES)).alias("dmax"),
         F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
+        F.min(LABEL).alias("lo"), F.max(LABEL).alias("hi"),
+        F.sum(F.when(F.col(LABEL) != F.floor(F.col(LABEL)), 1).otherwise(0)).alias("fractional"),
     ).collect()
     total = sum(int(r["n"]) for r in stats)
     if total == 0:
@@ -164,7 +169,9 @@ def make_blocks(
     assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
     blocks = place_blocks(assigned, block="_block", order=["_key", FEATURES, LABEL], num_workers=num_workers)
     sizes = [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
-    return blocks, BlockInfo(num_features=num_features, sizes=sizes)
+    labels = (min(float(r["lo"]) for r in stats), max(float(r["hi"]) for r in stats),
+              sum(int(r["fractional"] or 0) for r in stats))
+    return blocks, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)
 
 
 def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: int) -> DataFrame:

@@ -30,7 +30,8 @@ class UsageError(ValueError):
 
 def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
-                     description="Block-synchronous PyTorch training on Spark. `blocksync bench [name ...]` runs the benchmarks.")
+                     description="Block-synchronous PyTorch training on Spark "
+                                 "(`blocksync bench [name ...]` runs the benchmarks).")
     if stage is None:
         parser.add_argument("stage", choices=STAGES, help="what to run")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")

@@ -128,10 +128,11 @@ def _label_facts(blocks: DataFrame) -> tuple[float, float, int]:
     return float(row["lo"]), float(row["hi"]), int(row["fractional"] or 0)
 
 
-def resolve_outputs(config: TrainConfig, blocks: DataFrame) -> int:
+def resolve_outputs(config: TrainConfig, blocks: DataFrame, info: BlockInfo) -> int:
     if config.task == "regression":
         return 1
-    lo, hi, fractional = _label_facts(blocks)
+    # make_blocks counted these on its own pass; scanning `blocks` again would recompute its shuffle.
+    lo, hi, fractional = info.labels or _label_facts(blocks)
     if fractional or lo < 0:
         raise ValueError(
             f"classification labels must be class indices 0..K-1 (found min {lo:g}, "
@@ -218,7 +219,7 @@ def train_blocks(
         )
     check_horovod_knobs(spark, config)
     check_fault_mode(spark, config)
-    num_outputs = resolve_outputs(config, blocks)
+    num_outputs = resolve_outputs(config, blocks, info)
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
