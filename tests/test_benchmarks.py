@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from benchmarks.scaling import ALPHA_S, CYCLE_S, allreduce_seconds
 
 
