@@ -114,6 +114,20 @@ def partition_keys(spark: SparkSession, num_partitions: int) -> list[int]:
     return [found[i] for i in range(num_partitions)]
 
 
+def label_aggregates() -> list[Column]:
+    """Aggregates behind `label_facts`: min and max label, and the count of non-integer labels."""
+    return [
+        F.min(LABEL).alias("lo"), F.max(LABEL).alias("hi"),
+        F.sum(F.when(F.col(LABEL) != F.floor(F.col(LABEL)), 1).otherwise(0)).alias("fractional"),
+    ]
+
+
+def label_facts(rows: list) -> tuple[float, float, int]:
+    """(min, max, non-integer count) over rows of `label_aggregates` (one row, or one per group)."""
+    return (min(float(r["lo"]) for r in rows), max(float(r["hi"]) for r in rows),
+            sum(int(r["fractional"] or 0) for r in rows))
+
+
 def make_blocks(
     df: DataFrame,
     *,
@@ -134,8 +148,7 @@ def make_blocks(
         F.min(F.size(FEATURES)).alias("dmin"),
         F.max(F.size(FEATURES)).alias("dmax"),
         F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
-        F.min(LABEL).alias("lo"), F.max(LABEL).alias("hi"),
-        F.sum(F.when(F.col(LABEL) != F.floor(F.col(LABEL)), 1).otherwise(0)).alias("fractional"),
+        *label_aggregates(),
     ).collect()
     total = sum(int(r["n"]) for r in stats)
     if total == 0:
@@ -169,8 +182,7 @@ def make_blocks(
     assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
     blocks = place_blocks(assigned, block="_block", order=["_key", FEATURES, LABEL], num_workers=num_workers)
     sizes = [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
-    labels = (min(float(r["lo"]) for r in stats), max(float(r["hi"]) for r in stats),
-              sum(int(r["fractional"] or 0) for r in stats))
+    labels = label_facts(stats)
     return blocks, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)
 
 

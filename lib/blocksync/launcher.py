@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from blocksync import checkpoint
 from blocksync.block_data import steps_per_epoch
-from blocksync.blocks import LABEL, BlockInfo, make_blocks
+from blocksync.blocks import BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
@@ -120,19 +119,11 @@ def check_fault_mode(spark: SparkSession, config: TrainConfig) -> None:
         )
 
 
-def _label_facts(blocks: DataFrame) -> tuple[float, float, int]:
-    row = blocks.agg(
-        F.min(LABEL).alias("lo"), F.max(LABEL).alias("hi"),
-        F.sum(F.when(F.col(LABEL) != F.floor(F.col(LABEL)), 1).otherwise(0)).alias("fractional"),
-    ).collect()[0]
-    return float(row["lo"]), float(row["hi"]), int(row["fractional"] or 0)
-
-
 def resolve_outputs(config: TrainConfig, blocks: DataFrame, info: BlockInfo) -> int:
     if config.task == "regression":
         return 1
     # make_blocks counted these on its own pass; scanning `blocks` again would recompute its shuffle.
-    lo, hi, fractional = info.labels or _label_facts(blocks)
+    lo, hi, fractional = info.labels or label_facts(blocks.agg(*label_aggregates()).collect())
     if fractional or lo < 0:
         raise ValueError(
             f"classification labels must be class indices 0..K-1 (found min {lo:g}, "

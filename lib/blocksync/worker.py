@@ -230,7 +230,9 @@ def _inject_fault(cfg: TrainConfig, attempt: int, rank: int, step: int, beat: He
         raise RuntimeError(f"injected fault at step {step}")
     if faults.mode == "executor":
         os.kill(_executor_jvm_pid(), signal.SIGKILL)  # the executor and every task on it are lost
-    while True:  # hang: the heartbeat thread keeps reporting this step until the stage is cancelled
+    # hang: the heartbeat thread keeps reporting this step until the stage is cancelled;
+    # executor: this worker waits to be torn down with its dead JVM.
+    while True:
         time.sleep(3600)
 
 
