@@ -118,15 +118,20 @@ def test_stages_one_by_one_and_model_round_trip(spark, tmp_path):
     np.testing.assert_array_equal(saved.predict(raw), saved.outputs(prepared).argmax(1))
 
 
-def test_regression_on_synthetic_target_reaches_r2_0_9(spark, tmp_path):
+def test_regression_on_synthetic_target_reaches_r2_0_9_with_workers_reading_the_files(spark, tmp_path):
     config = load_config(None, [
         f"output_dir={tmp_path / 'reg'}", "progress=false", "data.source=synthetic",
         "data.synthetic.rows=20000", "data.synthetic.features=16", "data.synthetic.noise=0.1",
         "data.synthetic.partitions=4", "train.task=regression", "train.backend=torch_gloo",
         "train.epochs=5", "train.batch_size=256", "train.lr=0.003", "train.model.hidden=[64]",
+        "train.blocks=files",  # the workers read the prepared Parquet themselves
     ])
     metrics = run(spark, config)
     assert metrics["test_r2"] >= 0.9, metrics
+    prepared = json.loads((tmp_path / "reg" / "prepared" / "prepare.json").read_text())
+    assert metrics["config"]["train"]["blocks"] == "files"
+    assert sum(metrics["block_sizes"]) == prepared["rows"]["train"]
+    assert max(metrics["block_sizes"]) - min(metrics["block_sizes"]) <= 1
     assert metrics["test_rmse"] > 0
     saved = load_model(tmp_path / "reg")
     assert saved.task == "regression" and saved.labels is None

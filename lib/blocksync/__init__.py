@@ -9,7 +9,7 @@ from blocksync.artifacts import SavedModel, load_model
 from blocksync.blocks import BlockInfo, make_blocks
 from blocksync.collectives import CollectiveError
 from blocksync.config import ModelSpec, TrainConfig
-from blocksync.launcher import TrainingError, TrainResult, train, train_blocks
+from blocksync.launcher import TrainingError, TrainResult, train, train_blocks, train_files
 
 __version__ = "0.1.0"
 
@@ -25,4 +25,5 @@ __all__ = [
     "make_blocks",
     "train",
     "train_blocks",
+    "train_files",
 ]

@@ -5,17 +5,21 @@ Every backend offers the same three operations on a flat float32 tensor:
 all gradients (plus the local sample count) into one buffer per step, so each
 step is exactly one collective call whatever the number of parameters.
 
-Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`):
+Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`), and
+as few of them as possible: Spark answers an allGather on a once-a-second poll,
+so each costs about a second. `Rendezvous` opens rank 0's start-up server
+before the worker's own allGather of its block facts, so the port rides along
+with them (`start_collective` gathers it itself when called without one):
 
 - `horovod`: rank 0 starts Horovod's Gloo rendezvous HTTP server (bound to its
-  own task address, ephemeral port), computes the slot plan from the task
-  hosts, and shares the port; every task sets the HOROVOD_* variables of its
-  slot and calls `hvd.init()`. The server is stopped once all ranks have
-  initialised (it is only needed for start-up).
+  own task address, ephemeral port) with the slot plan every rank computes
+  from the task hosts; every task sets the HOROVOD_* variables of its slot and
+  calls `hvd.init()`. After one Horovod all-reduce every rank is past the
+  rendezvous, and the server is stopped (it is only needed for start-up).
 - `torch_gloo`: rank 0 opens a `TCPStore` server on its task address (ephemeral
-  port) and shares the port; every task joins `init_process_group("gloo")` as a
-  store client, and the server is closed after the first collective (Gloo's
-  mesh is connected by then; nothing later uses the store).
+  port); every task joins `init_process_group("gloo")` as a store client, and
+  the server is closed after the first collective (Gloo's mesh is connected by
+  then; nothing later uses the store).
 - `spark`: `allGather` of each rank's base64-encoded buffer, summed in rank
   order. No extra dependency; every byte goes through the driver, so it is
   only for tiny models.
@@ -132,6 +136,60 @@ class Collective(ABC):
         return 2.0 * (self.size - 1) / self.size * num_bytes
 
 
+def horovod_slots(hosts: list[str]) -> list[Any]:
+    """Horovod's slot (rank, local rank, cross rank...) of every task, indexed by partition id."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    counts: dict[str, int] = {}
+    for h in hosts:
+        counts[h] = counts.get(h, 0) + 1
+    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in counts.items())), len(hosts))
+    by_host = {(s.hostname, s.local_rank): s for s in plan}
+    return [by_host[(h, hosts[:p].count(h))] for p, h in enumerate(hosts)]
+
+
+class Rendezvous:
+    """Rank 0's start-up server for `backend` (none for `spark`), open until the collective is up.
+
+    `port` is set on rank 0 at once; the other ranks learn it from whatever
+    allGather comes next (`share`), which is how the worker folds it into its
+    block-facts allGather instead of paying a second one.
+    """
+
+    def __init__(self, backend: str, ctx: Coordinator, *, timeout_seconds: int) -> None:
+        self.hosts = task_hosts(ctx)
+        self.server: Any = None
+        self.port: int | None = None
+        if ctx.partitionId() != 0:
+            return
+        if backend == "horovod":
+            import_horovod()
+            from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+            # Horovod's own RendezvousServer binds every interface; we bind only the task's address.
+            self.server = RendezvousHTTPServer((self.hosts[0], 0), RendezvousHandler, 0)
+            self.server.init(horovod_slots(self.hosts))
+            threading.Thread(target=self.server.serve_forever, name="hvd-rendezvous", daemon=True).start()
+            self.port = int(self.server.server_address[1])
+        elif backend == "torch_gloo":
+            import torch.distributed as dist
+
+            self.server = dist.TCPStore(self.hosts[0], 0, len(self.hosts), is_master=True,
+                                        timeout=timedelta(seconds=timeout_seconds), wait_for_workers=False)
+            self.port = int(self.server.port)
+
+    def share(self, gathered_ports: list[int | None]) -> None:
+        """Take rank 0's port from an allGather in which every rank sent its `port`."""
+        self.port = gathered_ports[0]
+
+    def close(self) -> None:
+        """Stop listening; safe to call twice."""
+        server, self.server = self.server, None
+        if server is not None and hasattr(server, "shutdown"):  # the HTTP server; a TCPStore closes when dropped
+            server.shutdown()
+            server.server_close()
+
+
 class SparkCollective(Collective):
     name = "spark"
 
@@ -165,10 +223,11 @@ class SparkCollective(Collective):
 class TorchGlooCollective(Collective):
     name = "torch_gloo"
 
-    def __init__(self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None) -> None:
+    def __init__(self, ctx: Coordinator, rendezvous: Rendezvous, *, timeout_seconds: int,
+                 interface: str | None) -> None:
         import torch.distributed as dist
 
-        hosts = task_hosts(ctx)
+        hosts = rendezvous.hosts
         rank, size = ctx.partitionId(), len(hosts)
         super().__init__(rank, size)
         self._dist = dist
@@ -176,14 +235,10 @@ class TorchGlooCollective(Collective):
             dist.destroy_process_group()
         os.environ["GLOO_SOCKET_IFNAME"] = interface_for(hosts[rank], interface)
         timeout = timedelta(seconds=timeout_seconds)
-        # Rank 0 runs the store's server as a separate object so that it can be
-        # closed once the group is up; every rank (rank 0 included) is a client.
-        server = None
-        if rank == 0:
-            server = dist.TCPStore(hosts[0], 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        port = int(json.loads(ctx.allGather(json.dumps(server.port if server else None))[0]))
-        self.rendezvous = (hosts[0], port)
-        store = dist.TCPStore(hosts[0], port, size, is_master=False, timeout=timeout)
+        # Rank 0's store server is the rendezvous' own object, so it can be closed
+        # once the group is up; every rank (rank 0 included) joins as a client.
+        self.rendezvous = (hosts[0], int(rendezvous.port or 0))
+        store = dist.TCPStore(hosts[0], int(rendezvous.port or 0), size, is_master=False, timeout=timeout)
         try:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
             # Gloo connects the full mesh inside init; after one collective every
@@ -192,7 +247,7 @@ class TorchGlooCollective(Collective):
         except Exception as err:
             raise CollectiveError(f"torch.distributed gloo failed to start on rank {rank}: {err}") from err
         finally:
-            del server  # the TCPStore server closes its socket when its object goes
+            rendezvous.close()
         self._store: Any = store  # the client: torch keeps a reference to it anyway
         self._group_started = True
 
@@ -250,7 +305,7 @@ class HorovodCollective(Collective):
     name = "horovod"
 
     def __init__(
-        self, ctx: Coordinator, *, timeout_seconds: int, interface: str | None,
+        self, ctx: Coordinator, rendezvous: Rendezvous, *, timeout_seconds: int, interface: str | None,
         fusion_threshold_mb: float = 128.0, cycle_time_ms: float = 1.0, reduce_op: str = "sum",
     ) -> None:
         hvd = import_horovod()
@@ -259,27 +314,12 @@ class HorovodCollective(Collective):
                 "horovod.reduce_op=adasum needs Horovod's MPI (CPU) or NCCL (GPU) Adasum kernels; this build has "
                 "Gloo only. Use reduce_op=sum, or build Horovod with MPI."
             )
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
-        hosts = task_hosts(ctx)
+        hosts = rendezvous.hosts
         rank, size = ctx.partitionId(), len(hosts)
         my_host = hosts[rank]
-        local_rank = hosts[:rank].count(my_host)
-        slots: dict[str, int] = {}
-        for h in hosts:
-            slots[h] = slots.get(h, 0) + 1
-        plan = get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in slots.items())), size)
-        slot = next(s for s in plan if s.hostname == my_host and s.local_rank == local_rank)
-
-        server = None
-        if rank == 0:
-            # Horovod's own RendezvousServer binds every interface; we bind only the task's address.
-            server = RendezvousHTTPServer((my_host, 0), RendezvousHandler, 0)
-            server.init(plan)
-            threading.Thread(target=server.serve_forever, name="hvd-rendezvous", daemon=True).start()
-        port = int(json.loads(ctx.allGather(json.dumps(server.server_address[1] if server else None))[0]))
-
+        slots = horovod_slots(hosts)
+        slot = slots[rank]
+        port = int(rendezvous.port or 0)
         os.environ.update(
             HOROVOD_GLOO_RENDEZVOUS_ADDR=hosts[0],
             HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
@@ -299,13 +339,13 @@ class HorovodCollective(Collective):
         _set_fusion_threshold(fusion_threshold_mb)
         try:
             hvd.init()
+            # Once one all-reduce has completed, every rank is past the rendezvous. A rank whose
+            # init failed raises instead, the barrier stage fails, and Spark stops the others.
+            hvd.allreduce(torch.zeros(1), name="blocksync.started")
         except Exception as err:
             raise CollectiveError(f"hvd.init() failed on rank {rank} ({my_host}): {err}") from err
         finally:
-            ctx.allGather("")  # everyone is past rendezvous (or failed): the server can go
-            if server is not None:
-                server.shutdown()
-                server.server_close()
+            rendezvous.close()
         if hvd.size() != size:
             raise CollectiveError(f"Horovod started with size {hvd.size()} but the barrier stage has {size} tasks")
         super().__init__(rank, size)
@@ -314,7 +354,7 @@ class HorovodCollective(Collective):
         self.device_tensors = bool(hvd.nccl_built())
         self._op = hvd.Adasum if reduce_op == "adasum" else hvd.Sum
         # Partition id -> Horovod rank, so `broadcast(root=partition)` means the same on every backend.
-        self._hvd_rank = {p: int(m) for p, m in enumerate(ctx.allGather(str(slot.rank)))}
+        self._hvd_rank = {p: s.rank for p, s in enumerate(slots)}
         self._open = True
 
     def allreduce_sum(self, flat: torch.Tensor, fp16: bool = False) -> torch.Tensor:
@@ -343,18 +383,28 @@ def to_collective(coll: Collective, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def start_collective(
-    backend: str, ctx: Coordinator, *, timeout_seconds: int, interface: str | None, horovod: Any = None
+    backend: str, ctx: Coordinator, *, timeout_seconds: int, interface: str | None, horovod: Any = None,
+    rendezvous: Rendezvous | None = None,
 ) -> Collective:
-    """Start `backend` in this barrier task; `horovod` carries HorovodSettings (tuning knobs)."""
+    """Start `backend` in this barrier task; `horovod` carries HorovodSettings (tuning knobs).
+
+    `rendezvous`: one opened beforehand whose port every rank already knows;
+    without it, one is opened here and its port shared by one allGather.
+    """
+    if rendezvous is None and backend != "spark":
+        rendezvous = Rendezvous(backend, ctx, timeout_seconds=timeout_seconds)
+        rendezvous.share([json.loads(m) for m in ctx.allGather(json.dumps(rendezvous.port))])
     if backend == "horovod":
         knobs = {} if horovod is None else {
             "fusion_threshold_mb": horovod.fusion_threshold_mb,
             "cycle_time_ms": horovod.cycle_time_ms,
             "reduce_op": horovod.reduce_op,
         }
-        return HorovodCollective(ctx, timeout_seconds=timeout_seconds, interface=interface, **knobs)
+        assert rendezvous is not None
+        return HorovodCollective(ctx, rendezvous, timeout_seconds=timeout_seconds, interface=interface, **knobs)
     if backend == "torch_gloo":
-        return TorchGlooCollective(ctx, timeout_seconds=timeout_seconds, interface=interface)
+        assert rendezvous is not None
+        return TorchGlooCollective(ctx, rendezvous, timeout_seconds=timeout_seconds, interface=interface)
     if backend == "spark":
         return SparkCollective(ctx)
     raise CollectiveError(f"unknown backend {backend!r}")

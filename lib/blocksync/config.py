@@ -18,7 +18,10 @@ DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8"]
 
+BlockSource = Literal["shuffle", "files"]
+
 BACKENDS = ("horovod", "torch_gloo", "spark")
+BLOCK_SOURCES = ("shuffle", "files")
 SYNC_MODES = ("gradients", "parameters")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "step")
@@ -149,6 +152,10 @@ class TrainConfig:
 
     num_workers: int = 4
     """Number of blocks and of barrier tasks (one Horovod rank each)."""
+    blocks: BlockSource = "shuffle"
+    """How blocks are cut. `shuffle`: Spark cuts content-hashed balanced blocks from any DataFrame
+    (`make_blocks`, two shuffles). `files`: each worker reads its balanced row range of Parquet files
+    itself, no shuffle (`train_files`; the pipeline's train stage uses it on the prepared data)."""
     backend: Backend = "horovod"
     """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
     (BarrierTaskContext.allGather; only for tiny models)."""
@@ -242,6 +249,7 @@ class TrainConfig:
         if self.faults.slow_rank is not None and self.faults.slow_rank >= self.num_workers:
             raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
         _choice("backend", self.backend, BACKENDS)
+        _choice("blocks", self.blocks, BLOCK_SOURCES)
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)

@@ -6,7 +6,9 @@ Protocol, from the driver's point of view:
    slots the cluster has *now* (Spark would otherwise wait minutes and then
    fail a barrier stage), the feature and label columns must exist and be
    numeric, the data must hold at least one row per worker.
-2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded.
+2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded; or,
+   with `train_files`, `shards.plan_shards`: a balanced row range of the
+   Parquet files per rank, which each worker reads itself (no shuffle).
 3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
    the same for every worker (see `worker` for the per-step protocol).
 4. One barrier stage: `blocks.mapInArrow(worker, schema, barrier=True)`. Never
@@ -44,6 +46,7 @@ from blocksync.config import TrainConfig
 from blocksync.models import build_model, validate_spec
 from blocksync.progress import RunMonitor
 from blocksync.report import PHASES
+from blocksync.shards import ShardPlan, plan_shards
 from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
@@ -189,18 +192,52 @@ def train(
     `progress`: "bar" (tqdm on stderr, fed by rank 0 during the stage), "log"
     (a log line per epoch) or "off".
     """
+    if config.blocks == "files":
+        raise ValueError(
+            "blocks=files reads Parquet files directly, so it needs their path: call "
+            "train_files(spark, path, config), or set blocks=shuffle to train on a DataFrame."
+        )
     check_slots(spark, config.num_workers)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed)
     return train_blocks(spark, blocks, info, config, progress=progress)
 
 
+def train_files(
+    spark: SparkSession,
+    paths: str | list[str],
+    config: TrainConfig,
+    *,
+    features: str | list[str] = "features",
+    label: str = "label",
+    progress: str = "off",
+) -> TrainResult:
+    """Like `train`, on Parquet files (a folder, a file or a list; any pyarrow filesystem URI) that
+    every worker reads its own balanced row range of, without a Spark shuffle (see `shards`).
+
+    The files must be readable from every executor at the same path (a shared or
+    object-store filesystem on a cluster). `config.blocks` is ignored here.
+    """
+    check_slots(spark, config.num_workers)
+    shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers)
+    # One empty partition per rank: the barrier stage needs N tasks, and each reads its own rows.
+    ranks = spark.range(config.num_workers, numPartitions=config.num_workers)
+    return train_blocks(spark, ranks, info, config, progress=progress, shards=shards)
+
+
 def train_blocks(
-    spark: SparkSession, blocks: DataFrame, info: BlockInfo, config: TrainConfig, *, progress: str = "off"
+    spark: SparkSession,
+    blocks: DataFrame,
+    info: BlockInfo,
+    config: TrainConfig,
+    *,
+    progress: str = "off",
+    shards: ShardPlan | None = None,
 ) -> TrainResult:
     """Train on a DataFrame already cut into `num_workers` partitions of (features, label).
 
     `train` calls this after `make_blocks`; callers with their own partitioning
-    (tests of unequal blocks, for one) may call it directly.
+    (tests of unequal blocks, for one) may call it directly. With `shards`
+    (from `train_files`), each task reads its block from files instead.
     """
     num_partitions = blocks.rdd.getNumPartitions() if not is_connect(spark) else None
     if num_partitions is not None and num_partitions != config.num_workers:
@@ -220,6 +257,7 @@ def train_blocks(
         num_outputs=num_outputs,
         total_rows=total_rows,
         steps_per_epoch=per_epoch,
+        shards=shards,
     )
     check_checkpoint(config, info.num_features, num_outputs)
     log.info(

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from blocksync.artifacts import load_model, model_meta, move_into_place, save_model, write_json_atomic
 from blocksync.evaluate import metrics as evaluation_metrics
 from blocksync.evaluate import score
-from blocksync.launcher import TrainResult, train
+from blocksync.launcher import TrainResult, train, train_files
 from blocksync.prepare import prepare
 from blocksync.report import plot_report, steps_frame, timeline, write_history
 from blocksync.run_config import RunConfig, config_to_dict
@@ -83,9 +83,13 @@ def train_stage(
     _require(prepared / "prepare.json", "the train stage reads prepared data", "run `blocksync prepare` first.")
     _refuse_existing(run_dir / "model", overwrite)
     prep_meta = json.loads((prepared / "prepare.json").read_text())
-    train_df = spark.read.parquet(str(prepared / "train.parquet"))
-    result = train(spark, train_df, config.train, features="features", label="label",
-                   progress="bar" if config.progress else "log")
+    progress = "bar" if config.progress else "log"
+    train_path = str(prepared / "train.parquet")
+    if config.train.blocks == "files":
+        result = train_files(spark, train_path, config.train, features="features", label="label", progress=progress)
+    else:
+        result = train(spark, spark.read.parquet(train_path), config.train, features="features", label="label",
+                       progress=progress)
     stage = _Staging(run_dir, "train")
     with stage as tmp:
         save_model(tmp / "model", result.model,

@@ -3,9 +3,10 @@
 Synchronization protocol, step by step (every rank runs the same sequence, so
 the collectives always match and unequal blocks cannot deadlock):
 
-1. Load: the task's Arrow batches become one float32 tensor block, kept for all
-   epochs (`block_data.arrow_to_block`, no per-row Python).
-2. Agree: `allGather` of (rows, features, label range, errors). If any rank
+1. Load: the task's Arrow batches (or, with blocks=files, its row range of the
+   Parquet files: `shards.read_block`) become one float32 tensor block, kept for
+   all epochs (`block_data.arrow_to_block`, no per-row Python).
+2. Agree: `allGather` of (rows, errors, rank 0's rendezvous port). If any rank
    found a problem, every rank raises the same error, so none is left waiting.
    The step count per epoch was fixed by the driver from the global row count,
    and every rank now knows every block size, hence each step's global batch.
@@ -58,12 +59,13 @@ import torch
 
 from blocksync import checkpoint
 from blocksync.block_data import arrow_to_block, batch_slices, epoch_permutation
-from blocksync.collectives import Collective, start_collective, to_collective
+from blocksync.collectives import Collective, Rendezvous, start_collective, to_collective
 from blocksync.compression import make_compressor
 from blocksync.config import TrainConfig
 from blocksync.models import build_model
 from blocksync.optim import build_optimizer, build_schedule, loss_sum
 from blocksync.progress import Heartbeat
+from blocksync.shards import ShardPlan, read_block
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,9 @@ class WorkerPlan:
     """0 for the first launch, then 1, 2, ... for relaunches after a failure."""
     resume_from: str | None = None
     """Checkpoint folder to resume from (validated by the driver), or None to start fresh."""
+    shards: ShardPlan | None = None
+    """blocks=files: each rank reads its rows of the Parquet files itself (`shards`); None: the
+    task's input partition is its block."""
 
     @property
     def total_steps(self) -> int:
@@ -183,25 +188,35 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             log.warning("rank %d: %s", rank, warning)
 
         t0 = time.perf_counter()
-        x_np, y_np = arrow_to_block(batches)
-        problem = _validate_block(plan, x_np, y_np)
-        facts = [json.loads(m) for m in ctx.allGather(json.dumps({"rows": int(x_np.shape[0]), "error": problem}))]
-        errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
-        if errors:
-            raise ValueError("; ".join(errors))
-        rows = [f["rows"] for f in facts]
-        if sum(rows) != plan.total_rows:
-            raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
-        x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
-        y = torch.from_numpy(y_np).to(device)
+        try:
+            x_np, y_np = read_block(plan.shards, rank, plan.num_features) if plan.shards else arrow_to_block(batches)
+            problem = _validate_block(plan, x_np, y_np)
+        except ValueError as err:  # bad data in this block: every rank fails with it, none waits
+            x_np, y_np, problem = np.zeros((0, plan.num_features), np.float32), np.zeros(0), str(err)
         load_seconds = time.perf_counter() - t0
 
         beat.at(0, "startup")
         t0 = time.perf_counter()
         # Collectives time out well after the driver's stall watchdog, which names the stalled rank.
         timeout = max(cfg.gloo_timeout_seconds, int(cfg.timeouts.step_seconds) + 30)
-        coll = start_collective(cfg.backend, ctx, timeout_seconds=timeout, interface=cfg.network_interface,
-                                horovod=cfg.horovod)
+        rendezvous = Rendezvous(cfg.backend, ctx, timeout_seconds=timeout)
+        try:
+            # One allGather agrees on the blocks and shares rank 0's rendezvous port (each costs ~1 s).
+            mine = {"rows": int(x_np.shape[0]), "error": problem, "port": rendezvous.port}
+            facts = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
+            if errors:
+                raise ValueError("; ".join(errors))
+            rows = [f["rows"] for f in facts]
+            if sum(rows) != plan.total_rows:
+                raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
+            rendezvous.share([f["port"] for f in facts])
+            x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
+            y = torch.from_numpy(y_np).to(device)
+            coll = start_collective(cfg.backend, ctx, timeout_seconds=timeout, interface=cfg.network_interface,
+                                    horovod=cfg.horovod, rendezvous=rendezvous)
+        finally:
+            rendezvous.close()
         startup_seconds = time.perf_counter() - t0
         try:
             yield from _train(plan, coll, ctx, x, y, rows, device, beat,
