@@ -189,7 +189,12 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
 
         t0 = time.perf_counter()
         try:
-            x_np, y_np = read_block(plan.shards, rank, plan.num_features) if plan.shards else arrow_to_block(batches)
+            if plan.shards:
+                for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
+                    pass
+                x_np, y_np = read_block(plan.shards, rank, plan.num_features)
+            else:
+                x_np, y_np = arrow_to_block(batches)
             problem = _validate_block(plan, x_np, y_np)
         except ValueError as err:  # bad data in this block: every rank fails with it, none waits
             x_np, y_np, problem = np.zeros((0, plan.num_features), np.float32), np.zeros(0), str(err)
