@@ -28,4 +28,5 @@ def test_train_and_score_on_spark_connect(tmp_path):
     assert report["block_sizes"] == [150, 150, 150, 150]
     assert len(report["digests"]) == 1  # replicas identical
     assert report["accuracy"] >= 0.9
+    assert report["files_block_sizes"] == [300, 300] and len(report["files_digests"]) == 1
     assert "Spark Connect session: no SparkContext on the client" in proc.stderr

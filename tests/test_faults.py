@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blocksync import ModelSpec, TrainConfig, TrainingError, train
+from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
 from blocksync.checkpoint import CheckpointError, step_dirs
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff
@@ -31,11 +31,23 @@ def config(backend: str, **extra) -> TrainConfig:
     return TrainConfig(**{**settings, **extra})
 
 
-@pytest.mark.parametrize("backend,mode", [("horovod", "exit"), ("torch_gloo", "raise")])
-def test_lost_worker_is_relaunched_from_the_checkpoint_and_ends_identical(spark, data, tmp_path, backend, mode):
-    clean = train(spark, data, config(backend))
+@pytest.fixture(scope="module")
+def data_files(data, tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("faults") / "data.parquet")
+    data.write.parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("backend,mode,blocks", [("horovod", "exit", "shuffle"), ("torch_gloo", "raise", "shuffle"),
+                                                 ("horovod", "exit", "files")])
+def test_lost_worker_is_relaunched_from_the_checkpoint_and_ends_identical(spark, data, data_files, tmp_path, backend,
+                                                                          mode, blocks):
+    def fit(cfg: TrainConfig):  # blocks=files: the relaunched workers read their rows of the files again
+        return train_files(spark, data_files, cfg) if blocks == "files" else train(spark, data, cfg)
+
+    clean = fit(config(backend))
     ckpt = tmp_path / "ckpt"
-    faulty = train(spark, data, config(
+    faulty = fit(config(
         backend, max_restarts=1, checkpoint={"dir": str(ckpt), "every_steps": 5, "keep": 2},
         faults={"kill_rank": 1, "at_step": 12, "mode": mode},
     ))

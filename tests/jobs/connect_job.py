@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pandas as pd
 from job_report import run_and_report
 from pyspark.sql import SparkSession
 
-from blocksync import ModelSpec, TrainConfig, train
+from blocksync import ModelSpec, TrainConfig, train, train_files
 from blocksync.artifacts import SavedModel
 from blocksync.evaluate import metrics, score
 
@@ -25,7 +27,13 @@ def job(spark: SparkSession) -> dict:
         "num_features": 8, "num_outputs": 3, "mean": None, "std": None,
     })
     scored = metrics(score(spark, df, saved), "classification")
+    with tempfile.TemporaryDirectory() as folder:  # blocks=files: the workers read the Parquet themselves
+        pd.DataFrame({"features": list(x), "label": labels}).to_parquet(f"{folder}/data.parquet")
+        from_files = train_files(spark, f"{folder}/data.parquet", TrainConfig(
+            num_workers=2, backend="torch_gloo", epochs=2, batch_size=50, lr=0.05, model=ModelSpec(name="logreg")))
     return {
+        "files_block_sizes": from_files.block_sizes,
+        "files_digests": sorted({s["digest"] for s in from_files.rank_summaries}),
         "session": type(spark).__module__,
         "block_sizes": result.block_sizes,
         "digests": sorted({s["digest"] for s in result.rank_summaries}),
