@@ -118,6 +118,16 @@ def test_driver_side_errors_name_the_cause_and_the_fix(data, tmp_path):
     assert "hold 0 rows" in plan_error(empty)
 
 
+def test_files_missing_on_an_executor_are_a_clear_error(data, tmp_path):
+    root, _, _ = data
+    copy = tmp_path / "copy"
+    write_files(copy, *data[1:])
+    plan, _ = plan_shards(None, str(copy), features="features", label="label", num_workers=2)
+    (copy / "part-00003.parquet").unlink()  # what a worker sees when the path exists on the driver only
+    with pytest.raises(ValueError, match=r"part-00003.parquet on this executor .*same path on every executor"):
+        read_block(plan, 1, 8)
+
+
 def test_worker_side_errors_stop_every_rank_with_the_rank_named(spark, tmp_path):
     ragged = tmp_path / "ragged.parquet"
     pq.write_table(pa.table({"features": [[1.0, 2.0]] * 10 + [[1.0]] * 10, "label": [0, 1] * 10}), ragged)

@@ -177,9 +177,15 @@ def read_block(plan: ShardPlan, rank: int, num_features: int) -> tuple[np.ndarra
     columns = [*plan.features, plan.label]
     tables, files = [], {}
     for piece in plan.pieces[rank]:
-        if piece.path not in files:
-            files[piece.path] = pq.ParquetFile(plan.filesystem.open_input_file(piece.path))
-        table = files[piece.path].read_row_group(piece.row_group, columns=columns)
+        try:
+            if piece.path not in files:
+                files[piece.path] = pq.ParquetFile(plan.filesystem.open_input_file(piece.path))
+            table = files[piece.path].read_row_group(piece.row_group, columns=columns)
+        except OSError as err:  # e.g. a path only the driver sees
+            raise ValueError(
+                f"cannot read {piece.path} on this executor ({err}); blocks=files needs the files at the same "
+                "path on every executor (a shared filesystem or object store), else use blocks=shuffle."
+            ) from err
         tables.append(table.slice(piece.start, piece.stop - piece.start))
     n = sum(t.num_rows for t in tables)
     x = np.empty((n, num_features), dtype=np.float32)
