@@ -1,4 +1,4 @@
-"""`python -m benchmarks [name ...]` (make bench, blocksync bench): run benchmarks, write benchmarks/results/.
+"""`python -m benchmarks [name ...]` (make bench): run benchmarks, write benchmarks/results/.
 
 Order matters for `scaling`: it is a model fed by the throughput and
 compression results, so it runs after them (or from their recorded files).
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     spark = None
     if any(n in NEEDS_SPARK for n in names):
-        from blocksync.session import local_session
+        from blocksync.pipeline.session import local_session
 
         spark = local_session("local[4]", "blocksync-bench", {"spark.driver.memory": "6g",
                                                               "spark.ui.showConsoleProgress": "false"})

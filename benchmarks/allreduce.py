@@ -50,7 +50,7 @@ def stage(spark, backend: str, sizes: list[int]) -> dict[int, float]:
         import torch
         from pyspark import BarrierTaskContext
 
-        from blocksync.collectives import start_collective
+        from blocksync.engine.collectives import start_collective
 
         for _ in batches:
             pass

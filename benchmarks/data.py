@@ -70,8 +70,8 @@ def accuracy(state: dict, test_file: str, hidden: list[int]) -> float:
     """Test accuracy of a state_dict of blocksync's `mlp` (or `logreg` when hidden is empty) on the test rows."""
     import torch
 
-    from blocksync.config import ModelSpec
-    from blocksync.models import build_model
+    from blocksync.engine.config import ModelSpec
+    from blocksync.engine.models import build_model
 
     spec = ModelSpec(name="mlp", hidden=hidden) if hidden else ModelSpec(name="logreg")
     model = build_model(spec, FEATURES, 2)

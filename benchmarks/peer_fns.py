@@ -39,8 +39,8 @@ def _epochs(model, opt, x, y, *, batch: int, epochs: int, seed: int, rank: int) 
 def _model(hidden: list[int], features: int):
     import torch
 
-    from blocksync.config import ModelSpec
-    from blocksync.models import build_model
+    from blocksync.engine.config import ModelSpec
+    from blocksync.engine.models import build_model
 
     torch.manual_seed(0)
     return build_model(ModelSpec(name="mlp", hidden=hidden), features, 2)

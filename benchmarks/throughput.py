@@ -59,8 +59,8 @@ def blocksync_run(spark, blocks, info, workers: int, backend: str) -> dict:
 
 
 def baseline_run(x: torch.Tensor, y: torch.Tensor, threads: int) -> dict:
-    from blocksync.config import ModelSpec
-    from blocksync.models import build_model
+    from blocksync.engine.config import ModelSpec
+    from blocksync.engine.models import build_model
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -8,7 +8,7 @@
 
 # COMMAND ----------
 
-from blocksync.notebook import notebook_context, show_report, widget
+from blocksync.pipeline.notebook import notebook_context, show_report, widget
 
 # Databricks provides spark, dbutils and displayHTML; elsewhere: a local[4] session and the defaults.
 spark, dbutils, display_html = notebook_context(globals())
@@ -19,8 +19,8 @@ epochs = widget(dbutils, "epochs", "30", "Epochs")
 
 # COMMAND ----------
 
-from blocksync.pipeline import run
-from blocksync.run_config import load_config
+from blocksync.pipeline.stages import run
+from blocksync.pipeline.run_config import load_config
 
 # The settings of conf/local.yaml, spelled out (a notebook's working folder varies).
 config = load_config(None, [

@@ -8,7 +8,7 @@
 
 # COMMAND ----------
 
-from blocksync.notebook import notebook_context, widget
+from blocksync.pipeline.notebook import notebook_context, widget
 
 # Databricks provides spark, dbutils and displayHTML; elsewhere: a local[4] session and the defaults.
 spark, dbutils, display_html = notebook_context(globals())
@@ -26,8 +26,8 @@ output_dir = widget(dbutils, "output_dir", "/tmp/blocksync/your-table", "Run dir
 
 import json
 
-from blocksync.pipeline import run
-from blocksync.run_config import load_config
+from blocksync.pipeline.stages import run
+from blocksync.pipeline.run_config import load_config
 
 feature_list = [c.strip() for c in features.split(",") if c.strip()]
 config = load_config(None, [

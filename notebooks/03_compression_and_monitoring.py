@@ -8,7 +8,7 @@
 
 # COMMAND ----------
 
-from blocksync.notebook import notebook_context, widget
+from blocksync.pipeline.notebook import notebook_context, widget
 
 # Databricks provides spark, dbutils and displayHTML; elsewhere: a local[4] session and the defaults.
 spark, dbutils, display_html = notebook_context(globals())
@@ -21,8 +21,8 @@ modes = widget(dbutils, "modes", "none,fp16,topk,int8", "Compression modes")
 
 import pandas as pd
 
-from blocksync.pipeline import run
-from blocksync.run_config import load_config
+from blocksync.pipeline.stages import run
+from blocksync.pipeline.run_config import load_config
 
 rows = []
 for mode in [m.strip() for m in modes.split(",") if m.strip()]:

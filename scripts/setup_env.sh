@@ -51,7 +51,8 @@ esac
 torch_pin=$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' requirements.lock)
 variant=cpu
 [ "${BLOCKSYNC_CUDA:-0}" = 1 ] && variant=cuda
-key="horovod-${HOROVOD_VERSION}_torch-${torch_pin}_cp${pyver/./}_${variant}"
+# "p2": the two source patches below; a new patch must not reuse an older wheel.
+key="horovod-${HOROVOD_VERSION}p2_torch-${torch_pin}_cp${pyver/./}_${variant}"
 wheel_dir="$CACHE/$key"
 if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 && ! [ -f "$VENV/.blocksync-setup" ]; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 \
@@ -120,6 +121,13 @@ else
     # torch >= 2.1 headers need C++17; Horovod 0.28.1 asks for C++14.
     sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" || die "patching horovod's CMake files failed (layout changed?)"
+    # A process-set Gloo context builds its device from its own gloo_iface_, which
+    # is never set. With an empty interface Gloo binds to whatever the hostname
+    # resolves to (127.0.0.1 on Debian-style hosts), and multi-host runs fail with
+    # "connect [127.0.0.1]:port: Connection refused". Use the global context's.
+    ctx="$src/horovod/common/gloo/gloo_context.cc"
+    sed -i '/GlooContext::InitializeForProcessSet/,/CreateDevice/ s/device_attr.iface = gloo_iface_;/device_attr.iface = global_context.gloo_iface_;/' "$ctx"
+    grep -q 'device_attr.iface = global_context.gloo_iface_;' "$ctx" || die "patching horovod's gloo_context.cc failed (layout changed?)"
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
     [ "$variant" = cuda ] && export HOROVOD_GPU_OPERATIONS=NCCL

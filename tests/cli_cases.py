@@ -10,7 +10,7 @@ import io
 import json
 import sys
 
-from blocksync.cli import main
+from blocksync.pipeline.cli import main
 
 
 def run_all(cases: list[list[str]]) -> list[dict]:

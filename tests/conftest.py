@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from blocksync.session import local_session
+from blocksync.pipeline.session import local_session
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,10 @@ import torch
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from blocksync.block_data import batch_slices, epoch_permutation, steps_per_epoch
-from blocksync.config import TrainConfig
-from blocksync.models import build_model
-from blocksync.optim import build_optimizer, build_schedule, loss_sum
+from blocksync.engine.block_data import batch_slices, epoch_permutation, steps_per_epoch
+from blocksync.engine.config import TrainConfig
+from blocksync.engine.models import build_model
+from blocksync.engine.optim import build_optimizer, build_schedule, loss_sum
 
 
 def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pyspark
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,6 +43,8 @@ class StandaloneCluster:
             "SPARK_WORKER_DIR": str(workdir / "work"),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
+            # The jobs under tests/jobs import the shared test helpers as `tests.helpers`.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         }
         if worker_opts:
             self.env["SPARK_WORKER_OPTS"] = worker_opts

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from benchmarks.scaling import ALPHA_S, CYCLE_S, allreduce_seconds
 
+REPO = Path(__file__).resolve().parents[1]
 
-def test_blocksync_bench_refuses_an_unknown_benchmark_before_starting_spark():
-    proc = subprocess.run([sys.executable, "-m", "blocksync.cli", "bench", "allreduce", "nope"],
+
+def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "allreduce", "nope"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (

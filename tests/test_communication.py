@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train
-from blocksync.datasets import digits_frame, split_standardized
+from blocksync.pipeline.datasets import digits_frame
 from tests.conftest import synthetic_classification
+from tests.helpers import accuracy, split_standardized
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -16,13 +16,6 @@ pytestmark = pytest.mark.timeout(400)
 @pytest.fixture(scope="module")
 def digits(spark):
     return split_standardized(digits_frame(spark), [f"pixel_{i}" for i in range(64)], test_fraction=0.2, seed=42)
-
-
-def accuracy(model: torch.nn.Module, df) -> float:
-    pdf = df.select("features", "label").toPandas()
-    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
-    with torch.no_grad():
-        return float((model(x).argmax(1).numpy() == pdf["label"].to_numpy()).mean())
 
 
 def digits_run(spark, digits, compression: str, backend: str = "horovod"):
@@ -115,7 +108,7 @@ def test_rendezvous_listens_on_the_task_host_only_during_start_up(spark, backend
 
         from pyspark import BarrierTaskContext
 
-        from blocksync.collectives import start_collective
+        from blocksync.engine.collectives import start_collective
 
         for _ in rows:
             pass

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from blocksync.cli import main
-from blocksync.run_config import ConfigError, load_config
+from blocksync.pipeline.cli import main
+from blocksync.pipeline.run_config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFS = sorted((REPO / "conf").glob("*.yaml"))

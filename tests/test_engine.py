@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from pyspark.sql import functions as F
 
 from blocksync import BlockInfo, ModelSpec, TrainConfig, make_blocks, train, train_blocks
-from blocksync.blocks import place_blocks
-from blocksync.datasets import digits_frame, split_standardized
+from blocksync.engine.blocks import place_blocks
+from blocksync.pipeline.datasets import digits_frame
 from tests.conftest import synthetic_classification
+from tests.helpers import accuracy, split_standardized
 from tests.reference import collect_blocks, max_param_diff, reference_train
 
 pytestmark = pytest.mark.timeout(300)
@@ -119,14 +119,6 @@ def test_local_sgd_k4_trains_and_stays_consistent(spark, blobs):
 def digits(spark):
     df = digits_frame(spark)
     return split_standardized(df, [f"pixel_{i}" for i in range(64)], test_fraction=0.2, seed=42)
-
-
-def accuracy(model: torch.nn.Module, df) -> float:
-    pdf = df.select("features", "label").toPandas()
-    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
-    with torch.no_grad():
-        pred = model(x).argmax(1).numpy()
-    return float((pred == pdf["label"].to_numpy()).mean())
 
 
 def test_mlp_on_digits_reaches_95_percent(spark, digits):

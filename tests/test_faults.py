@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
-from blocksync.checkpoint import CheckpointError, step_dirs
+from blocksync.engine.checkpoint import CheckpointError, step_dirs
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff
 
@@ -69,7 +69,7 @@ def test_a_hung_worker_is_named_within_the_timeout(spark, data, caplog):
     cfg = config("torch_gloo", timeouts={"step_seconds": 4}, faults={"kill_rank": 3, "at_step": 6, "mode": "hang"})
     expected = (r"stalled: rank 3 at step 6 \(compute\); no rank made progress for ([0-9.]+) s "
                 r"\(timeouts.step_seconds=4\)")
-    stall_log = caplog.at_level(logging.ERROR, logger="blocksync.progress")
+    stall_log = caplog.at_level(logging.ERROR, logger="blocksync.engine.progress")
     with stall_log, pytest.raises(TrainingError, match=expected) as err:
         train(spark, data, cfg)
     failed_at = time.time()

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import torch
 
-from blocksync.smoke import allreduce_check
+from tests.helpers import allreduce_check
 
 
 def test_horovod_imports_with_gloo_and_matches_torch():

@@ -52,7 +52,7 @@ def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
 def test_device_selection_without_cuda():
     import torch
 
-    from blocksync.worker import select_device
+    from blocksync.engine.worker import select_device
 
     assert not torch.cuda.is_available()
     assert select_device("cpu", ["0"]) == (torch.device("cpu"), None)
@@ -66,7 +66,7 @@ def test_device_selection_without_cuda():
 def test_host_staging_for_gloo():
     import torch
 
-    from blocksync.collectives import SparkCollective, to_collective
+    from blocksync.engine.collectives import SparkCollective, to_collective
 
     coll = SparkCollective.__new__(SparkCollective)  # no Spark needed to ask where tensors go
     cpu = torch.ones(3)

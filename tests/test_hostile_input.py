@@ -110,8 +110,8 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
 
 
 def test_invalid_rows_can_be_dropped_and_counted(spark, tmp_path):
-    from blocksync.pipeline import prepare_stage
-    from blocksync.run_config import load_config
+    from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.stages import prepare_stage
 
     pdf = frame()
     pdf.loc[[1, 2, 3], "a"] = [np.nan, np.inf, -np.inf]
@@ -137,8 +137,9 @@ def test_horovod_missing_through_the_cli(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('simulated: built against another torch')\n")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(tmp_path / "fake")}
-    proc = subprocess.run([sys.executable, "-m", "blocksync.cli", "run", "--config", "conf/local.yaml", "--quiet",
-                           f"output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "blocksync.pipeline.cli", "run", "--config", "conf/local.yaml",
+                           "--quiet", f"output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, capture_output=True,
+                          text=True,
                           timeout=300)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("blocksync:")]

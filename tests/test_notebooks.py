@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from blocksync.datasets import digits_frame
+from blocksync.pipeline.datasets import digits_frame
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 pytestmark = pytest.mark.timeout(600)

@@ -15,10 +15,10 @@ import pyspark
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, train
-from blocksync.artifacts import load_model
-from blocksync.pipeline import evaluate_stage, prepare_stage, run, train_stage
-from blocksync.prepare import apply_standardization
-from blocksync.run_config import load_config
+from blocksync.pipeline.artifacts import load_model
+from blocksync.pipeline.prepare import apply_standardization
+from blocksync.pipeline.run_config import load_config
+from blocksync.pipeline.stages import evaluate_stage, prepare_stage, run, train_stage
 from tests.conftest import synthetic_classification
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def check_run_dir(run_dir: Path) -> dict:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    return subprocess.run([sys.executable, "-m", "blocksync.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "blocksync.pipeline.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -141,9 +141,9 @@ def test_progress_reaches_the_driver_during_the_stage(spark, caplog):
     df = spark.createDataFrame(synthetic_classification(400, 6, 3, seed=1))
     cfg = TrainConfig(num_workers=2, backend="torch_gloo", epochs=3, batch_size=50,
                       model=ModelSpec(name="logreg"))
-    with caplog.at_level(logging.INFO, logger="blocksync.progress"):
+    with caplog.at_level(logging.INFO, logger="blocksync.engine.progress"):
         train(spark, df, cfg, progress="log")
-    lines = [r.getMessage() for r in caplog.records if r.name == "blocksync.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "blocksync.engine.progress"]
     assert [line.split()[1] for line in lines] == ["1", "2", "3"]  # one line per epoch, from rank 0
     assert lines[-1].startswith("epoch 3 step 24/24 loss ")
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
-from blocksync.shards import plan_shards, read_block
+from blocksync.engine.shards import plan_shards, read_block
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff, reference_train
 

@@ -5,11 +5,11 @@
     result.model, result.metrics
 """
 
-from blocksync.artifacts import SavedModel, load_model
-from blocksync.blocks import BlockInfo, make_blocks
-from blocksync.collectives import CollectiveError
-from blocksync.config import ModelSpec, TrainConfig
-from blocksync.launcher import TrainingError, TrainResult, train, train_blocks, train_files
+from blocksync.engine.blocks import BlockInfo, make_blocks
+from blocksync.engine.collectives import CollectiveError
+from blocksync.engine.config import ModelSpec, TrainConfig
+from blocksync.engine.launcher import TrainingError, TrainResult, train, train_blocks, train_files
+from blocksync.pipeline.artifacts import SavedModel, load_model
 
 __version__ = "0.1.0"
 

@@ -10,8 +10,8 @@ from job_report import run_and_report
 from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train, train_files
-from blocksync.artifacts import SavedModel
-from blocksync.evaluate import metrics, score
+from blocksync.pipeline.artifacts import SavedModel
+from blocksync.pipeline.evaluate import metrics, score
 
 
 def job(spark: SparkSession) -> dict:

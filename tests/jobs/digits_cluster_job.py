@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
 from job_report import run_and_report
 from pyspark.sql import SparkSession
+from tests.helpers import accuracy, split_standardized
 
 from blocksync import ModelSpec, TrainConfig, train
-from blocksync.datasets import digits_frame, split_standardized
+from blocksync.pipeline.datasets import digits_frame
 
 
 def job(spark: SparkSession) -> dict:
@@ -18,12 +17,8 @@ def job(spark: SparkSession) -> dict:
     cfg = TrainConfig(num_workers=4, backend="horovod", epochs=20, batch_size=64, lr=2e-3,
                       model=ModelSpec(name="mlp", hidden=[128, 64]))
     result = train(spark, train_df, cfg)
-    pdf = test_df.toPandas()
-    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
-    with torch.no_grad():
-        accuracy = float((result.model(x).argmax(1).numpy() == pdf["label"].to_numpy()).mean())
     return {
-        "accuracy": accuracy,
+        "accuracy": accuracy(result.model, test_df),
         "task_addresses": [s["task_address"] for s in result.rank_summaries],
         "master": spark.sparkContext.master,
     }

@@ -6,9 +6,10 @@ import tempfile
 
 from job_report import run_and_report
 from pyspark.sql import SparkSession
+from tests.helpers import split_standardized
 
 from blocksync import ModelSpec, TrainConfig, train
-from blocksync.datasets import digits_frame, split_standardized
+from blocksync.pipeline.datasets import digits_frame
 
 
 def job(spark: SparkSession) -> dict:

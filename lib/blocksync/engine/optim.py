@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from blocksync.config import TrainConfig
+from blocksync.engine.config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
-from blocksync.blocks import FEATURES, LABEL
+from blocksync.engine.blocks import FEATURES, LABEL
 
 
 def arrow_to_block(batches: Iterable[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:

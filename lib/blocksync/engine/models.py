@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from blocksync.config import ModelSpec
+from blocksync.engine.config import ModelSpec
 
 
 def logreg(num_features: int, num_outputs: int) -> nn.Module:

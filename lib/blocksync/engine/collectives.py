@@ -116,20 +116,10 @@ class Collective(ABC):
         """Release the backend; safe to call twice."""
 
     def gather_digests(self, digest: str) -> list[str]:
-        """Every rank's 48-bit digest prefix, through one small all-reduce.
-
-        Rank r writes its digest as three 16-bit values into slots [3r, 3r+3) of a
-        zero buffer; the sum is exact in float32, so the result is an allgather
-        that costs one collective (BarrierTaskContext.allGather costs ~1 s).
-        """
-        buf = torch.zeros(3 * self.size, dtype=torch.float32)
-        value = int(digest[:12], 16)
-        for i in range(3):
-            buf[3 * self.rank + i] = float((value >> (16 * i)) & 0xFFFF)
-        out = self.allreduce_sum(buf).to(torch.int64).tolist()
-        return [
-            format(sum(int(out[3 * r + i]) << (16 * i) for i in range(3)), "012x") for r in range(self.size)
-        ]
+        """Every rank's full hex digest, through one all-gather of its bytes (as uint8)."""
+        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
+        everyone = self.allgather(mine).reshape(self.size, -1)
+        return [bytes(row.tolist()).hex() for row in everyone]
 
     def bytes_per_allreduce(self, num_bytes: int) -> float:
         """Bytes this rank sends for one all-reduce of `num_bytes` (ring: 2(N-1)/N * S)."""

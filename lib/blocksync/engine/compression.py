@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blocksync.collectives import Collective
+from blocksync.engine.collectives import Collective
 
 CHUNK = 4096
 COMPRESSIONS = ("none", "fp16", "topk", "int8")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from blocksync.config import ModelSpec, TrainConfig
+from blocksync.engine.config import ModelSpec, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -111,7 +111,7 @@ class RunConfig:
     data: DataSettings = field(default_factory=DataSettings)
     """Where the data comes from and how it is prepared."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """The training engine's settings (blocksync.config.TrainConfig)."""
+    """The training engine's settings (blocksync.engine.config.TrainConfig)."""
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     """Optional experiment tracking."""
 

@@ -8,8 +8,8 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blocksync.datasets import digits_frame
-from blocksync.run_config import DataSettings, SyntheticSettings
+from blocksync.pipeline.datasets import digits_frame
+from blocksync.pipeline.run_config import DataSettings, SyntheticSettings
 
 
 def synthetic_frame(spark: SparkSession, settings: SyntheticSettings, task: str, seed: int) -> DataFrame:

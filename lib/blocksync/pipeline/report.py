@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-PHASES = ("data", "compute", "sync", "optimizer")
+from blocksync.engine.metrics import PHASES
 
 
 def steps_frame(rank_summaries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -18,7 +18,8 @@ def steps_frame(rank_summaries: list[dict[str, Any]]) -> pd.DataFrame:
     for s in rank_summaries:
         t = np.asarray(s["step_timings"], dtype=np.float64).reshape(-1, 5)
         frame = pd.DataFrame(t, columns=["start", *PHASES])
-        frame.insert(0, "step", np.arange(1, len(t) + 1))
+        first = int(s.get("resumed_at", 0))  # a relaunched run's timings start after its checkpoint
+        frame.insert(0, "step", np.arange(first + 1, first + len(t) + 1))
         frame.insert(0, "rank", s["rank"])
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)

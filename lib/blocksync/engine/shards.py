@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pyarrow.types as pat
 
-from blocksync.blocks import LABEL, BlockInfo, label_aggregates, label_column, label_facts
+from blocksync.engine.blocks import LABEL, BlockInfo, label_aggregates, label_column, label_facts
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ current step and phase (load, startup, compute, sync, checkpoint) every
 0.5 s; rank 0 also sends progress (epoch, loss, samples/s), shown as a tqdm bar
 or, in quiet mode, one log line per epoch.
 
-The watchdog (once every rank is past loading and start-up, which have their
-own timeouts): when no rank has moved to another step or phase for
+The watchdog: every rank must be past loading and collective start-up within
+`startup_seconds` (timeouts.barrier_seconds), else the stage is cancelled naming
+the ranks still there. After that, when no rank has moved to another step or phase for
 `stall_seconds`, the ranks not waiting inside a collective are the stalled
 ones (the others wait for them); the monitor records which, and at what step,
 and calls `on_stall` (the launcher cancels the stage). A rank whose connection
@@ -36,15 +37,20 @@ HEARTBEAT_SECONDS = 0.5
 class RunMonitor:
     def __init__(
         self, host: str, total_steps: int, *, show_bar: bool, log_epochs: bool = True,
-        stall_seconds: float | None = None,
+        stall_seconds: float | None = None, num_ranks: int | None = None, startup_seconds: float | None = None,
         on_stall: Callable[[], None] | None = None, description: str = "training",
     ) -> None:
         self.total_steps = total_steps
+        self.num_ranks = num_ranks
+        self.startup_seconds = startup_seconds
+        self._created = time.monotonic()
         self.log_epochs = log_epochs
         self.stall_seconds = stall_seconds
         self.on_stall = on_stall
         self.ranks: dict[int, dict[str, Any]] = {}
         self.failure: str | None = None
+        self.failure_kind = "runtime"
+        """`input` when the first failure was a rank's bad data or settings (see worker), else `runtime`."""
         self.last_progress: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._sock = socket.create_server((host, 0))
@@ -73,11 +79,16 @@ class RunMonitor:
 
     def _read(self, conn: socket.socket) -> None:
         rank = None
-        with conn, conn.makefile("r") as lines:
+        with conn, conn.makefile("r", errors="replace") as lines:
             for line in lines:
-                msg = json.loads(line)
-                rank = int(msg["rank"])
-                self._heartbeat(rank, msg)
+                try:
+                    msg = json.loads(line)
+                    rank = int(msg["rank"])
+                    msg["step"], msg["phase"] = int(msg["step"]), str(msg["phase"])
+                    self._heartbeat(rank, msg)
+                except (ValueError, KeyError, TypeError) as err:
+                    # One bad line must not end this rank's reader: the next one may be fine.
+                    log.warning("run monitor: ignoring a malformed heartbeat (%s): %.200r", err, line)
         if rank is not None:
             with self._lock:
                 state = self.ranks[rank]
@@ -94,6 +105,7 @@ class RunMonitor:
             state["done"] = state["done"] or bool(msg.get("done"))
             if msg.get("failed") and self.failure is None:
                 self.failure = f"[blocksync rank {rank}] {msg['failed']} (at step {msg['step']}, {msg['phase']})"
+                self.failure_kind = "input" if msg.get("kind") == "input" else "runtime"
         if "progress" in msg:
             self._show(msg["progress"])
 
@@ -110,28 +122,46 @@ class RunMonitor:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.25):
-            if self.stall_seconds is None or self.failure is not None:
+            if self.failure is not None:
                 continue
             with self._lock:
-                active = {r: s for r, s in self.ranks.items() if not s["done"]}
-                # Loading and collective start-up have their own timeouts (barrier, Gloo rendezvous).
-                if not active or any(s["phase"] in ("load", "startup") for s in active.values()):
-                    continue
-                idle = time.monotonic() - max(s["changed"] for s in active.values())
-                if idle <= self.stall_seconds:
-                    continue
-                stalled = [r for r, s in active.items() if s["phase"] != "sync"]
-                if not stalled:
-                    low = min(s["step"] for s in active.values())
-                    stalled = [r for r, s in active.items() if s["step"] == low]
-                where = ", ".join(
-                    f"rank {r} at step {active[r]['step']} ({active[r]['phase']})" for r in sorted(stalled)
-                )
-                self.failure = (f"stalled: {where}; no rank made progress for {idle:.1f} s "
-                                f"(timeouts.step_seconds={self.stall_seconds:g})")
+                self.failure = self._startup_overdue() or self._stalled()
+            if self.failure is None:
+                continue
             log.error("%s; cancelling the stage", self.failure)
             if self.on_stall is not None:
                 self.on_stall()
+
+    def _startup_overdue(self) -> str | None:
+        """Every rank must be past loading and collective start-up within `startup_seconds`
+        (timeouts.barrier_seconds): the engine's own bound, whatever spark.barrier.sync.timeout is."""
+        waited = time.monotonic() - self._created
+        if self.startup_seconds is None or self.num_ranks is None or waited <= self.startup_seconds:
+            return None
+        late = [f"rank {r} never reported" for r in range(self.num_ranks) if r not in self.ranks]
+        late += [f"rank {r} still in {s['phase']}" for r, s in sorted(self.ranks.items())
+                 if s["phase"] in ("load", "startup") and not s["done"]]
+        if not late:
+            return None
+        return (f"start-up took over {self.startup_seconds:g} s (timeouts.barrier_seconds): {', '.join(late)}; "
+                "raise timeouts.barrier_seconds for large blocks, or check that executor's log")
+
+    def _stalled(self) -> str | None:
+        """No rank moved to another step or phase for `stall_seconds`: name the ranks holding the others up."""
+        active = {r: s for r, s in self.ranks.items() if not s["done"]}
+        # Loading and collective start-up are bounded by _startup_overdue.
+        if self.stall_seconds is None or not active or any(s["phase"] in ("load", "startup") for s in active.values()):
+            return None
+        idle = time.monotonic() - max(s["changed"] for s in active.values())
+        if idle <= self.stall_seconds:
+            return None
+        stalled = [r for r, s in active.items() if s["phase"] != "sync"]
+        if not stalled:
+            low = min(s["step"] for s in active.values())
+            stalled = [r for r, s in active.items() if s["step"] == low]
+        where = ", ".join(f"rank {r} at step {active[r]['step']} ({active[r]['phase']})" for r in sorted(stalled))
+        return (f"stalled: {where}; no rank made progress for {idle:.1f} s "
+                f"(timeouts.step_seconds={self.stall_seconds:g})")
 
     def close(self) -> None:
         self._stop.set()
@@ -195,12 +225,12 @@ class Heartbeat:
         """Send the current step and phase now (before something that may end the process)."""
         self._send({})
 
-    def close(self, *, done: bool, error: str | None = None) -> None:
+    def close(self, *, done: bool, error: str | None = None, kind: str = "runtime") -> None:
         self._stop.set()
         if done:
             self._send({"done": True})
         elif error:
-            self._send({"failed": error[:2000]})
+            self._send({"failed": error[:2000], "kind": kind})
         with self._lock:
             if self._sock is not None:
                 self._sock.close()

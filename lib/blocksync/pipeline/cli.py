@@ -1,4 +1,4 @@
-"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`; `blocksync bench [name ...]`.
+"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`.
 
 The console script and `spark-submit jobs/<stage>.py` both call `main`.
 Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
@@ -30,8 +30,7 @@ class UsageError(ValueError):
 
 def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
-                     description="Block-synchronous PyTorch training on Spark "
-                                 "(`blocksync bench [name ...]` runs the benchmarks).")
+                     description="Block-synchronous PyTorch training on Spark.")
     if stage is None:
         parser.add_argument("stage", choices=STAGES, help="what to run")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
@@ -45,7 +44,7 @@ def session_for(config):  # type: ignore[no-untyped-def]
     """The SparkSession for a run: under spark-submit its command-line settings win."""
     from pyspark.sql import SparkSession
 
-    from blocksync.session import LOCAL_DEFAULTS, local_session
+    from blocksync.pipeline.session import LOCAL_DEFAULTS, local_session
 
     settings = config.spark
     conf = {k: str(v) for k, v in settings.conf.items()}
@@ -72,8 +71,8 @@ def session_for(config):  # type: ignore[no-untyped-def]
 
 
 def execute(stage: str, args: argparse.Namespace) -> int:
-    from blocksync import pipeline
-    from blocksync.run_config import load_config
+    from blocksync.pipeline import stages as pipeline
+    from blocksync.pipeline.run_config import load_config
 
     config = load_config(args.config, args.overrides)
     if args.quiet:
@@ -110,32 +109,16 @@ def _print_result(metrics: dict, run_dir: Path) -> None:
     print(f"report: {run_dir / 'report.png'}   metrics: {run_dir / 'metrics.json'}")
 
 
-def run_benchmarks(names: list[str]) -> int:
-    """`blocksync bench`: the benchmarks of the source checkout this package was installed from (editable)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "benchmarks" / "__main__.py").is_file():
-        raise ValueError(
-            f"blocksync bench runs the benchmarks of a source checkout, and there is none at {root}; "
-            "clone the repository and run `make bench` (or `pip install -e .` from the clone)."
-        )
-    sys.path.insert(0, str(root))
-    from benchmarks.__main__ import main as bench_main
-
-    return bench_main(names)
-
-
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     """Entry point of the console script (`stage=None`) and of jobs/<stage>.py."""
-    from blocksync.collectives import CollectiveError
-    from blocksync.launcher import TrainingError
+    from blocksync.engine.collectives import CollectiveError
+    from blocksync.engine.launcher import TrainingError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "pyspark", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        if stage is None and argv[:1] == ["bench"]:
-            return run_benchmarks(argv[1:])
         args = build_parser(stage).parse_intermixed_args(argv)
         return execute(stage or args.stage, args)
     except (ValueError, FileExistsError) as err:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from blocksync.config import ModelSpec
-from blocksync.models import build_model
+from blocksync.engine.config import ModelSpec
+from blocksync.engine.models import build_model
 
 WEIGHTS = "model.safetensors"
 META = "model.json"

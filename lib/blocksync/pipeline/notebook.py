@@ -13,7 +13,7 @@ def notebook_context(namespace: dict[str, Any]) -> tuple[Any, Any, Any]:
     """
     spark = namespace.get("spark")
     if spark is None:
-        from blocksync.session import local_session
+        from blocksync.pipeline.session import local_session
 
         spark = local_session("local[4]", "blocksync-notebook")
     return spark, namespace.get("dbutils"), namespace.get("displayHTML")

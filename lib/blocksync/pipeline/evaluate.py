@@ -17,9 +17,9 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blocksync.artifacts import SavedModel
-from blocksync.blocks import FEATURES, LABEL
-from blocksync.config import ModelSpec
+from blocksync.engine.blocks import FEATURES, LABEL
+from blocksync.engine.config import ModelSpec
+from blocksync.pipeline.artifacts import SavedModel
 
 
 def _weights_bytes(saved: SavedModel) -> bytes:
@@ -39,8 +39,8 @@ def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
     def scorer(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from safetensors.torch import load
 
-        from blocksync.artifacts import SavedModel
-        from blocksync.models import build_model
+        from blocksync.engine.models import build_model
+        from blocksync.pipeline.artifacts import SavedModel
 
         module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
         module.load_state_dict(load(holder.value if holder is not None else blob))

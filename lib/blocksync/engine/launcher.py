@@ -27,33 +27,40 @@ from __future__ import annotations
 import json
 import logging
 import re
-import statistics
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from pyspark.sql import DataFrame, SparkSession
 
-from blocksync import checkpoint
-from blocksync.block_data import steps_per_epoch
-from blocksync.blocks import BlockInfo, label_aggregates, label_facts, make_blocks
-from blocksync.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
-from blocksync.config import TrainConfig
-from blocksync.models import build_model, validate_spec
-from blocksync.progress import RunMonitor
-from blocksync.report import PHASES
-from blocksync.shards import ShardPlan, plan_shards
-from blocksync.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
+from blocksync.engine import checkpoint
+from blocksync.engine.block_data import steps_per_epoch
+from blocksync.engine.blocks import BlockInfo, label_aggregates, label_facts, make_blocks
+from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
+from blocksync.engine.config import TrainConfig
+from blocksync.engine.metrics import run_metrics
+from blocksync.engine.models import build_model, validate_spec
+from blocksync.engine.progress import RunMonitor
+from blocksync.engine.shards import ShardPlan, plan_shards
+from blocksync.engine.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
 
 
 class TrainingError(RuntimeError):
-    """The barrier stage failed; the message carries the worker's own error and rank."""
+    """The barrier stage failed; the message carries the worker's own error and rank.
+
+    `kind` is `input` when the cause is the user's data or settings (a rank's
+    ValueError, the executors' Python environment): the CLI exits 2 for it and
+    the launcher does not relaunch. Otherwise `runtime` (exit 1).
+    """
+
+    def __init__(self, message: str, kind: str = "runtime") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass
@@ -157,21 +164,40 @@ def check_horovod_knobs(spark: SparkSession, config: TrainConfig) -> None:
         )
 
 
-_RANK_LINE = re.compile(r"\[blocksync rank \d+\][^\n]*")
+_RANK_LINE = re.compile(r"\[blocksync rank \d+ kind=(input|runtime)\][^\n]*")
+_PY_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(.*?)(?:\n\s+at [\w$.]+\(|\Z)", re.S)
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
-def worker_error(err: BaseException, monitor_failure: str | None = None) -> TrainingError:
+def worker_error(err: BaseException, monitor: RunMonitor | None = None) -> TrainingError:
     """The failing worker's own error line(s) out of Spark's wrapped exception text.
 
     A stall or a dead Python worker leaves no exception text of its own; the
-    run monitor's account of it comes first then.
+    run monitor's account of it comes first then. A failure before the worker
+    function ran (the executors' Python cannot unpickle it) leaves a plain
+    Python traceback inside the Java one: its last line is the cause.
     """
-    if monitor_failure:  # the first event: later errors of other ranks are its consequences
-        return TrainingError(f"training failed: {monitor_failure}")
+    if monitor is not None and monitor.failure:  # the first event: later errors of other ranks are its consequences
+        return TrainingError(f"training failed: {monitor.failure}", monitor.failure_kind)
     text = str(err)
-    lines = list(dict.fromkeys(_RANK_LINE.findall(text)))
-    if lines:
-        return TrainingError("training failed: " + " | ".join(lines[:4]))
+    ranked = list(dict.fromkeys(m.group(0) for m in _RANK_LINE.finditer(text)))
+    if ranked:
+        kind = "input" if any(m.group(1) == "input" for m in _RANK_LINE.finditer(text)) else "runtime"
+        return TrainingError("training failed: " + " | ".join(ranked[:4]), kind)
+    missing = _MISSING_MODULE.search(text)
+    if missing:
+        return TrainingError(
+            f"the executors' Python cannot import {missing.group(1)!r} (ModuleNotFoundError), so no worker "
+            "started. Point spark.pyspark.python (or PYSPARK_PYTHON) at a Python where blocksync and its "
+            "dependencies are installed on every executor, or ship them: a blocksync wheel with --py-files "
+            "(pure Python) and an environment archive with spark.archives for torch and the rest.",
+            "input",
+        )
+    traceback = _PY_TRACEBACK.search(text)
+    if traceback:
+        cause = [ln for ln in traceback.group(1).splitlines() if ln.strip() and not ln.startswith(" ")]
+        if cause:
+            return TrainingError(f"training failed on an executor before the worker started: {cause[-1][:1500]}")
     tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
     return TrainingError("training failed in the barrier stage: " + " ".join(tail)[:2000])
 
@@ -300,7 +326,8 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
         monitor = None
         if classic and host:
             monitor = RunMonitor(host, plan.total_steps, show_bar=progress == "bar", log_epochs=progress == "log",
-                                 stall_seconds=config.timeouts.step_seconds,
+                                 stall_seconds=config.timeouts.step_seconds, num_ranks=config.num_workers,
+                                 startup_seconds=config.timeouts.barrier_seconds,
                                  on_stall=partial(spark.sparkContext.cancelJobsWithTag, tag))
             spark.sparkContext.addJobTag(tag)
         if attempt and classic:
@@ -311,10 +338,10 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
         try:
             return blocks.mapInArrow(make_worker(run_plan), RESULT_SCHEMA_DDL, barrier=True).collect()
         except Exception as err:
-            failure = worker_error(err, monitor.failure if monitor else None)
-            if _is_user_error(failure) or attempt == config.max_restarts:
+            failure = worker_error(err, monitor)
+            if failure.kind == "input" or attempt == config.max_restarts:
                 restarts = f" (after {attempt} restart(s))" if attempt else ""
-                raise TrainingError(f"{failure}{restarts}") from err
+                raise TrainingError(f"{failure}{restarts}", failure.kind) from err
             log.warning("attempt %d of %d failed: %s; relaunching from %s", attempt + 1, config.max_restarts + 1,
                         failure, checkpoint.latest(config.checkpoint.dir) or "the start (no checkpoint)")
         finally:
@@ -322,10 +349,6 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
                 monitor.close()
                 spark.sparkContext.removeJobTag(tag)
     raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def _is_user_error(failure: TrainingError) -> bool:
-    return any(kind in str(failure) for kind in ("] ValueError:", "] CheckpointError:", "] CollectiveError:"))
 
 
 def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list[Any], wall: float) -> TrainResult:
@@ -352,56 +375,3 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
         history=summaries[0]["history"],
         rank_summaries=summaries,
     )
-
-
-def timing_summary(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """p50 and p95 milliseconds of each phase, per rank."""
-    out: dict[str, dict[str, float]] = {}
-    for s in summaries:
-        t = np.asarray(s["step_timings"], dtype=np.float64).reshape(-1, 5)
-        row: dict[str, float] = {}
-        for i, phase in enumerate(PHASES, start=1):
-            row[f"{phase}_p50_ms"] = float(np.percentile(t[:, i], 50) * 1000)
-            row[f"{phase}_p95_ms"] = float(np.percentile(t[:, i], 95) * 1000)
-        out[str(s["rank"])] = row
-    return out
-
-
-def find_stragglers(timing: dict[str, dict[str, float]], factor: float, min_ms: float) -> list[int]:
-    """Ranks whose median compute time exceeds the median over ranks by `factor` and by `min_ms`."""
-    p50 = {int(r): t["compute_p50_ms"] for r, t in timing.items()}
-    typical = statistics.median(p50.values())
-    return sorted(r for r, v in p50.items() if v > factor * typical and v - typical > min_ms)
-
-
-def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    """Throughput, the share of step time spent in the collective, bytes, stragglers, from every rank's timings."""
-    # step_timings rows: start, data, compute, sync, optimizer (seconds)
-    step_time = [sum(sum(t[1:]) for t in s["step_timings"]) for s in summaries]
-    sync_time = [sum(t[3] for t in s["step_timings"]) for s in summaries]
-    train_seconds = max(s["train_seconds"] for s in summaries)
-    samples = plan.total_rows * config.epochs
-    timing = timing_summary(summaries)
-    stragglers = find_stragglers(timing, config.straggler_factor, config.straggler_min_ms)
-    if stragglers:
-        log.warning("straggler rank(s) %s: median compute above %.1fx the ranks' median", stragglers,
-                    config.straggler_factor)
-    return {
-        "epochs": config.epochs,
-        "steps": plan.total_steps,
-        "num_workers": config.num_workers,
-        "backend": config.backend,
-        "sync": config.sync,
-        "compression": config.compression,
-        "train_loss": summaries[0]["history"][-1]["train_loss"],
-        "samples_per_sec": samples / train_seconds if train_seconds > 0 else float("nan"),
-        "train_seconds": train_seconds,
-        "stage_seconds": wall,
-        "startup_seconds": max(s["startup_seconds"] for s in summaries),
-        "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
-        "bytes_sent": sum(s["bytes_sent"] for s in summaries),
-        "payload_bytes_per_step": summaries[0]["payload_bytes"] / plan.total_steps,
-        "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
-        "timing": timing,
-        "stragglers": stragglers,
-    }

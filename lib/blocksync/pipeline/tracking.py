@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from blocksync.run_config import RunConfig
+from blocksync.pipeline.run_config import RunConfig
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

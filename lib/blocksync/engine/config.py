@@ -109,7 +109,9 @@ class TimeoutSettings:
     step_seconds: float = 300.0
     """No rank advancing for this long is a stall: the stage is cancelled, naming the stalled rank and step."""
     barrier_seconds: int = 3600
-    """spark.barrier.sync.timeout for the BarrierTaskContext.allGather calls (set on the session)."""
+    """Bound on loading and collective start-up: the driver's monitor cancels the stage when a rank is not
+    past them by then (applies to library callers too). The CLI also sets spark.barrier.sync.timeout
+    from it when it creates the session; that Spark setting cannot change on a running SparkContext."""
 
     def __post_init__(self) -> None:
         _positive("timeouts.step_seconds", self.step_seconds)

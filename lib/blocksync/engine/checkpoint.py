@@ -6,12 +6,14 @@ Layout under `checkpoint.dir`:
     step-000000120/state.safetensors    model parameters, optimizer tensors, torch RNG state
     step-000000120/rank-00003.safetensors   per-rank state: error-feedback residual, epoch statistics
 
-Writing: every rank writes its own file into `.tmp-step-N/`; after a barrier,
-rank 0 writes the state and the manifest (last), then renames the folder to
-`step-N/` and prunes all but the newest `keep`. Readers only trust `step-*`
+Writing: rank 0 clears `step-N/`; after a barrier every rank writes its own
+file into it; after a second barrier rank 0 writes the state and then the
+manifest, last: the manifest is the commit point. Readers only trust `step-*`
 folders that hold a manifest, so a crash mid-write leaves nothing that looks
-valid. Tensors are stored with safetensors and metadata as JSON: loading a
-checkpoint never unpickles code.
+valid, and no step relies on renaming a folder (object stores such as S3
+cannot move one). Rank 0 then prunes all but the newest `keep`. Tensors are
+stored with safetensors and metadata as JSON: loading a checkpoint never
+unpickles code.
 """
 
 from __future__ import annotations
@@ -116,8 +118,10 @@ def write(
     from safetensors.torch import save
 
     fs, root = filesystem(uri)
-    tmp, final = f"{root}/.tmp-step-{step:09d}", f"{root}/step-{step:09d}"
+    tmp = f"{root}/step-{step:09d}"
     if rank == 0:
+        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+            fs.delete_dir(tmp)  # a leftover of an attempt that died before its manifest
         fs.create_dir(tmp, recursive=True)
     barrier()
     _write(fs, f"{tmp}/rank-{rank:05d}.safetensors",
@@ -132,10 +136,7 @@ def write(
     _write(fs, f"{tmp}/{STATE}", save(tensors))
     manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
                 "scheduler": scheduler.state_dict(), "history": history}
-    _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())
-    if fs.get_file_info(final).type != pafs.FileType.NotFound:
-        fs.delete_dir(final)
-    fs.move(tmp, final)
+    _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())  # the commit point
     for _, old in step_dirs(uri)[:-keep]:
         fs.delete_dir(old)
 

@@ -19,9 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.blocks import FEATURES, LABEL, features_column
-from blocksync.run_config import RunConfig
-from blocksync.sources import load_source
+from blocksync.engine.blocks import FEATURES, LABEL, features_column
+from blocksync.pipeline.run_config import RunConfig
+from blocksync.pipeline.sources import load_source
 
 MAX_CLASSES = 1000
 

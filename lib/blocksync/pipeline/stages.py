@@ -23,13 +23,13 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from blocksync.artifacts import load_model, model_meta, move_into_place, save_model, write_json_atomic
-from blocksync.evaluate import metrics as evaluation_metrics
-from blocksync.evaluate import score
-from blocksync.launcher import TrainResult, train, train_files
-from blocksync.prepare import prepare
-from blocksync.report import plot_report, steps_frame, timeline, write_history
-from blocksync.run_config import RunConfig, config_to_dict
+from blocksync.engine.launcher import TrainResult, train, train_files
+from blocksync.pipeline.artifacts import load_model, model_meta, move_into_place, save_model, write_json_atomic
+from blocksync.pipeline.evaluate import metrics as evaluation_metrics
+from blocksync.pipeline.evaluate import score
+from blocksync.pipeline.prepare import prepare
+from blocksync.pipeline.report import plot_report, steps_frame, timeline, write_history
+from blocksync.pipeline.run_config import RunConfig, config_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def evaluate_stage(spark: SparkSession, config: RunConfig, run_dir: Path) -> dic
 
     plot_report(run_dir / "report.png", history, pd.read_parquet(run_dir / "steps.parquet"), metrics)
     if config.tracking.mlflow:
-        from blocksync.tracking import log_run
+        from blocksync.pipeline.tracking import log_run
 
         log_run(config, run_dir, metrics, history)
     return metrics

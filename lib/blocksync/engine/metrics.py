@@ -1,0 +1,79 @@
+"""Run metrics from every rank's per-step timings: throughput, sync share, bytes, stragglers."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from blocksync.engine.config import TrainConfig
+
+if TYPE_CHECKING:
+    from blocksync.engine.worker import WorkerPlan
+
+log = logging.getLogger(__name__)
+
+PHASES = ("data", "compute", "sync", "optimizer")
+"""The timed phases of one step, in order; a rank's step_timings rows are (start, *PHASES) seconds."""
+
+
+def timing_summary(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """p50 and p95 milliseconds of each phase, per rank."""
+    out: dict[str, dict[str, float]] = {}
+    for s in summaries:
+        t = np.asarray(s["step_timings"], dtype=np.float64).reshape(-1, 5)
+        row: dict[str, float] = {}
+        for i, phase in enumerate(PHASES, start=1):
+            row[f"{phase}_p50_ms"] = float(np.percentile(t[:, i], 50) * 1000)
+            row[f"{phase}_p95_ms"] = float(np.percentile(t[:, i], 95) * 1000)
+        out[str(s["rank"])] = row
+    return out
+
+
+def find_stragglers(timing: dict[str, dict[str, float]], factor: float, min_ms: float) -> list[int]:
+    """Ranks whose median compute time exceeds the median over ranks by `factor` and by `min_ms`."""
+    p50 = {int(r): t["compute_p50_ms"] for r, t in timing.items()}
+    typical = statistics.median(p50.values())
+    return sorted(r for r, v in p50.items() if v > factor * typical and v - typical > min_ms)
+
+
+def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """Throughput, the share of step time spent in the collective, bytes, stragglers, from every rank's timings.
+
+    Bytes count the whole run, restarts included (they travel in checkpoints); samples_per_sec and the
+    timings are those of the final attempt, over the steps it trained (from `resumed_at_step`).
+    """
+    # step_timings rows: start, data, compute, sync, optimizer (seconds)
+    step_time = [sum(sum(t[1:]) for t in s["step_timings"]) for s in summaries]
+    sync_time = [sum(t[3] for t in s["step_timings"]) for s in summaries]
+    train_seconds = max(s["train_seconds"] for s in summaries)
+    # After a relaunch, the timings and seconds cover the final attempt: the steps from its checkpoint on.
+    resumed_at = summaries[0]["resumed_at"]
+    samples = plan.total_rows * (plan.total_steps - resumed_at) / plan.steps_per_epoch
+    timing = timing_summary(summaries)
+    stragglers = find_stragglers(timing, config.straggler_factor, config.straggler_min_ms)
+    if stragglers:
+        log.warning("straggler rank(s) %s: median compute above %.1fx the ranks' median", stragglers,
+                    config.straggler_factor)
+    return {
+        "epochs": config.epochs,
+        "steps": plan.total_steps,
+        "num_workers": config.num_workers,
+        "backend": config.backend,
+        "sync": config.sync,
+        "compression": config.compression,
+        "train_loss": summaries[0]["history"][-1]["train_loss"],
+        "samples_per_sec": samples / train_seconds if train_seconds > 0 else float("nan"),
+        "train_seconds": train_seconds,
+        "resumed_at_step": resumed_at,
+        "stage_seconds": wall,
+        "startup_seconds": max(s["startup_seconds"] for s in summaries),
+        "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
+        "bytes_sent": sum(s["bytes_sent"] for s in summaries),
+        "payload_bytes_per_step": summaries[0]["payload_bytes"] / plan.total_steps,
+        "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
+        "timing": timing,
+        "stragglers": stragglers,
+    }

@@ -1,0 +1,305 @@
+"""One rank's block-synchronous training loop (worker side).
+
+`Trainer` holds the replica (model, optimizer, schedule, compressor) and the
+rank's block, and runs the loop one named piece at a time:
+
+- `step()`: take this step's slice of the epoch's seeded permutation, compute
+  the *summed* loss and its gradients (`compute`), exchange them (`sync`),
+  take the optimizer step, and record the step's phase timings.
+- `sync()`: `gradients` mode divides the local gradient sum by the step's
+  global batch size (known to every rank before the step: the driver fixed the
+  steps per epoch and every rank knows every block size) and exchanges the
+  flat buffer, so every rank receives the global batch's mean gradient and
+  takes the identical step. `parameters` mode steps on the local mean gradient
+  and every `sync_every` steps sets the sample-weighted mean of the replicas'
+  parameters (local SGD).
+- `end_epoch()`: one small all-reduce makes the epoch's loss and accuracy
+  global; the result goes into the history.
+- `snapshot()`: every rank writes its part of a checkpoint at the same step.
+
+Divergence: the exchanged gradient (or the averaged parameters, or the epoch's
+global loss) is identical on every rank, so every rank sees the same NaN or
+inf at the same step and raises the same `TrainingDiverged`: nobody is left
+waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from blocksync.engine import checkpoint
+from blocksync.engine.block_data import batch_slices, epoch_permutation
+from blocksync.engine.collectives import Collective, to_collective
+from blocksync.engine.compression import make_compressor
+from blocksync.engine.models import build_model
+from blocksync.engine.optim import build_optimizer, build_schedule, loss_sum
+from blocksync.engine.progress import Heartbeat
+
+if TYPE_CHECKING:
+    from blocksync.engine.worker import WorkerPlan
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaDivergence(RuntimeError):
+    """Replicas no longer hold identical parameters after a sync."""
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the synchronized gradient became NaN or infinite: a setting (usually lr) to change."""
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-1 (hex) of the parameter bytes."""
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_replicas(coll: Collective, model: torch.nn.Module, step: int) -> None:
+    """Compare every rank's full SHA-1 parameter digest with rank 0's; raise naming the ranks that differ."""
+    digests = coll.gather_digests(params_digest(model))
+    bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    if bad:
+        raise ReplicaDivergence(
+            f"replica(s) {bad} diverged from rank 0 after step {step} (SHA-1 parameter digests differ)"
+        )
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
+def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).device), model.parameters())
+
+
+class Trainer:
+    def __init__(self, plan: WorkerPlan, coll: Collective, x: torch.Tensor, y: torch.Tensor,
+                 block_rows: list[int], device: torch.device, beat: Heartbeat) -> None:
+        cfg = self.cfg = plan.config
+        self.plan, self.coll, self.x, self.y, self.device, self.beat = plan, coll, x, y, device, beat
+        self.rank = coll.rank
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
+        set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.schedule = build_schedule(self.optimizer, plan.total_steps, cfg)
+        params = list(self.model.parameters())
+        self.num_params = sum(p.numel() for p in params)
+        # Gradients exist from the start, so an empty local batch still all-reduces zeros;
+        # zero_grad(set_to_none=False) and backward() keep writing into these same tensors.
+        self.grads = [torch.zeros_like(p) for p in params]
+        for p, g in zip(params, self.grads, strict=True):
+            p.grad = g
+        self.global_batch = np.sum(
+            [[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
+        self.compressor = make_compressor(cfg.compression, coll, self.num_params, topk_ratio=cfg.topk_ratio,
+                                          seed=cfg.seed)
+        self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
+        self.history: list[dict[str, float]] = []
+        self.step_count = 0
+        self.first_step = 0
+        self.epoch_stats = torch.zeros(3, dtype=torch.float64)  # samples, summed loss, correct (this epoch)
+        # Bytes this rank contributed (payload) and sent (wire) on the way to the current step; they
+        # travel in checkpoints, so a resumed run reports the whole run's traffic.
+        self.traffic = torch.zeros(2, dtype=torch.float64)
+        self.samples_since_sync = 0.0
+        # Per step: start (s since this attempt's loop began), data, compute, sync, optimizer seconds.
+        self.timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
+        self.started = time.perf_counter()
+
+    def resume(self, path: str) -> None:
+        snap = checkpoint.read(path, self.rank)
+        self.model.load_state_dict(snap.model)
+        self.optimizer.load_state_dict(snap.optimizer)
+        self.schedule.load_state_dict(snap.scheduler)
+        torch.set_rng_state(snap.rng)
+        own = {k: v for k, v in snap.rank_state.items() if k not in ("epoch_stats", "traffic")}
+        self.compressor.load_state(own)
+        self.epoch_stats = snap.rank_state["epoch_stats"].clone()
+        if "traffic" in snap.rank_state:
+            self.traffic = snap.rank_state["traffic"].clone()
+        self.history, self.step_count = snap.history, snap.step
+        self.first_step = snap.step
+        log.info("rank %d: resumed from %s at step %d", self.rank, path, snap.step)
+
+    def run(self) -> float:
+        """Train the remaining steps; returns this attempt's training seconds."""
+        per_epoch = self.plan.steps_per_epoch
+        self.started = time.perf_counter()
+        for epoch in range(self.step_count // per_epoch, self.cfg.epochs):
+            rows = int(self.x.shape[0])
+            order = torch.from_numpy(epoch_permutation(rows, self.cfg.seed, self.rank, epoch)).to(self.device)
+            slices = batch_slices(rows, per_epoch)
+            for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
+                self.step(epoch, s_in_epoch, order, slices[s_in_epoch])
+                if s_in_epoch < per_epoch - 1:
+                    self.snapshot()
+            self.end_epoch(epoch)
+            self.snapshot()
+        seconds = time.perf_counter() - self.started
+        self.beat.at(self.step_count, "sync")
+        check_replicas(self.coll, self.model, self.step_count)
+        return seconds
+
+    def step(self, epoch: int, s_in_epoch: int, order: torch.Tensor, bounds: tuple[int, int]) -> None:
+        step, (lo, hi) = self.step_count, bounds
+        self.beat.at(step, "compute")
+        _inject_fault(self.plan, self.rank, step, self.beat)
+        t_data = time.perf_counter()
+        idx = order[lo:hi]
+        xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
+        t_compute = time.perf_counter()
+        count = self.compute(xb, yb)
+        if self.slow_seconds:
+            time.sleep(self.slow_seconds)
+        t_sync = time.perf_counter()
+        self.beat.at(step, "sync")
+        self.sync(s_in_epoch, count)
+        t_opt = time.perf_counter()
+        if self.cfg.sync == "gradients" or count:
+            self.optimizer.step()
+        self.schedule.step()
+        self.step_count += 1
+        t_end = time.perf_counter()
+        averaging = self.average_if_due()
+        self.timings[step] = (t_data - self.started, t_compute - t_data, t_sync - t_compute,
+                              t_opt - t_sync + averaging, t_end - t_opt)
+        if self.cfg.check_every and self.step_count % self.cfg.check_every == 0:
+            check_replicas(self.coll, self.model, self.step_count)
+        if self.rank == 0:
+            loss = float(self.epoch_stats[1]) / max(float(self.epoch_stats[0]), 1.0)
+            self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
+
+    def compute(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
+        """Summed loss and its gradients (into self.grads) over the local batch; returns the row count."""
+        self.optimizer.zero_grad(set_to_none=False)
+        count = float(xb.shape[0])
+        if not count:
+            return count
+        bf16 = self.cfg.mixed_precision == "bf16"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = self.model(xb)
+            loss = loss_sum(out.float(), yb, self.cfg.task)
+        loss.backward()
+        self.epoch_stats[0] += count
+        self.epoch_stats[1] += float(loss.detach())
+        if self.cfg.task == "classification":
+            self.epoch_stats[2] += float((out.detach().argmax(1) == yb.long()).sum())
+        return count
+
+    def sync(self, s_in_epoch: int, count: float) -> None:
+        if self.cfg.sync == "parameters":
+            if count:
+                for g in self.grads:
+                    g.div_(count)
+            self.samples_since_sync += count
+            return
+        contribution = torch.cat([g.reshape(-1) for g in self.grads]) / float(self.global_batch[s_in_epoch])
+        exchanged = self.compressor.exchange(to_collective(self.coll, contribution), self.step_count)
+        self.traffic += torch.tensor([exchanged.payload_bytes, exchanged.wire_bytes], dtype=torch.float64)
+        mean = exchanged.mean_gradient
+        if not bool(torch.isfinite(mean).all()):
+            raise self.diverged("the all-reduced gradient")
+        torch.nn.utils.vector_to_parameters(mean.to(self.device), self.grads)
+
+    def average_if_due(self) -> float:
+        """parameters mode: every `sync_every` steps and at the end, set the sample-weighted mean of the
+        replicas' parameters. Returns the seconds it took (0 when not due)."""
+        due = self.step_count % self.cfg.sync_every == 0 or self.step_count == self.plan.total_steps
+        if self.cfg.sync != "parameters" or not due:
+            return 0.0
+        t0 = time.perf_counter()
+        params = to_collective(self.coll, flat_params(self.model))
+        weight = self.samples_since_sync
+        flat = self.coll.allreduce_sum(torch.cat([params * weight, torch.tensor([weight], device=params.device)]))
+        averaged = flat[:-1] / float(flat[-1])
+        if not bool(torch.isfinite(averaged).all()):
+            raise self.diverged("the averaged parameters")
+        set_params(self.model, averaged)
+        sent = flat.numel() * 4
+        self.traffic += torch.tensor([sent, self.coll.bytes_per_allreduce(sent)], dtype=torch.float64)
+        self.samples_since_sync = 0.0
+        return time.perf_counter() - t0
+
+    def end_epoch(self, epoch: int) -> None:
+        """One tiny all-reduce makes the epoch's loss and accuracy global."""
+        self.beat.at(self.step_count, "sync")
+        samples, loss_total, correct = self.coll.allreduce_sum(self.epoch_stats.float()).double().tolist()
+        self.epoch_stats = torch.zeros(3, dtype=torch.float64)
+        if not np.isfinite(loss_total):
+            raise self.diverged(f"epoch {epoch + 1}'s training loss")
+        entry = {"epoch": epoch + 1, "step": self.step_count, "train_loss": loss_total / samples}
+        if self.cfg.task == "classification":
+            entry["train_accuracy"] = correct / samples
+        self.history.append(entry)
+        if self.rank == 0:
+            self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=entry["train_loss"],
+                               samples_per_sec=self.rate(), epoch_end=True)
+
+    def snapshot(self) -> None:
+        """Collective: when a checkpoint is due, every rank writes its part at this same step."""
+        cfg, step = self.cfg, self.step_count
+        if not cfg.checkpoint.dir or step % cfg.checkpoint.every_steps or step == self.plan.total_steps:
+            return
+        self.beat.at(step, "checkpoint")
+        checkpoint.write(
+            cfg.checkpoint.dir, rank=self.rank, step=step, keep=cfg.checkpoint.keep,
+            barrier=lambda: self.coll.allreduce_sum(torch.zeros(1)), model=self.model, optimizer=self.optimizer,
+            scheduler=self.schedule, history=self.history,
+            rank_state={**self.compressor.state(), "epoch_stats": self.epoch_stats, "traffic": self.traffic},
+        )
+
+    def diverged(self, what: str) -> TrainingDiverged:
+        cfg = self.cfg
+        return TrainingDiverged(
+            f"training diverged at step {self.step_count}: {what} is NaN or infinite; lower train.lr "
+            f"(now {cfg.lr:g}) or add train.warmup_steps, and check the features for extreme values"
+        )
+
+    def rate(self) -> float:
+        """Global samples per second in this attempt so far."""
+        steps = self.step_count - self.first_step
+        return self.plan.total_rows * steps / self.plan.steps_per_epoch / max(time.perf_counter() - self.started, 1e-9)
+
+
+def _inject_fault(plan: WorkerPlan, rank: int, step: int, beat: Heartbeat) -> None:
+    faults = plan.config.faults
+    if faults.kill_rank != rank or faults.at_step != step or plan.attempt >= faults.repeat:
+        return
+    log.warning("rank %d: injecting fault %r at step %d (attempt %d)", rank, faults.mode, step, plan.attempt)
+    beat.at(step, "compute")
+    beat.flush()
+    if faults.mode == "exit":
+        os._exit(17)  # the Python worker dies like a killed process: no cleanup, no exception
+    if faults.mode == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    if faults.mode == "executor":
+        os.kill(_executor_jvm_pid(), signal.SIGKILL)  # the executor and every task on it are lost
+    # hang: the heartbeat thread keeps reporting this step until the stage is cancelled;
+    # executor: this worker waits to be torn down with its dead JVM.
+    while True:
+        time.sleep(3600)
+
+
+def _executor_jvm_pid() -> int:
+    """The JVM this Python worker serves: the nearest `java` ancestor (Linux /proc)."""
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/comm") as fh:
+            if fh.read().strip() == "java":
+                return pid
+        with open(f"/proc/{pid}/stat") as fh:  # "pid (comm) state ppid ...": comm may hold spaces
+            pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("faults.mode=executor: no executor JVM among this Python worker's ancestors")

@@ -1,0 +1,270 @@
+"""Worker side: the function each barrier task runs (one per block, one rank each).
+
+Synchronization protocol, step by step (every rank runs the same sequence, so
+the collectives always match and unequal blocks cannot deadlock):
+
+1. Load: the task's Arrow batches (or, with blocks=files, its row range of the
+   Parquet files: `shards.read_block`) become one float32 tensor block, kept for
+   all epochs (`block_data.arrow_to_block`, no per-row Python).
+2. Agree: `allGather` of (rows, errors, rank 0's rendezvous port). If any rank
+   found a problem, every rank raises the same error, so none is left waiting.
+   The step count per epoch was fixed by the driver from the global row count,
+   and every rank now knows every block size, hence each step's global batch.
+3. Start the collective backend (`collectives.start_collective`).
+4. Rank 0's initial parameters are broadcast; every replica starts identical.
+5. `trainer.Trainer` runs the loop. Each step: the worker takes its slice of a seeded per-epoch permutation
+   (slices proportional to block size), computes the *summed* loss and its
+   gradients, divides them by the step's global batch size and exchanges the
+   flat buffer (one collective per step, optionally compressed, see
+   `compression`). The sum is the mean gradient of the global batch (the union
+   of the local batches) on every rank; every replica then takes the identical
+   optimizer step. Epoch loss and accuracy are summed once per epoch.
+   In `sync: parameters` mode, the worker steps on its own mean gradient and
+   every `sync_every` steps (and at the end) all-reduces
+   [parameters x samples since the last sync, samples] and sets the
+   sample-weighted average (local SGD / federated averaging).
+6. Every `check_every` steps and at the end: an all-gather of every rank's full
+   SHA-1 of its parameter bytes; a rank whose digest differs from rank 0's
+   raises `ReplicaDivergence` naming it. A NaN or infinite synchronized
+   gradient (or epoch loss) stops every rank at the same step with
+   `TrainingDiverged`.
+7. Checkpoints (with `checkpoint.dir`): every `every_steps` steps all ranks
+   take part in `checkpoint.write` at the same step (each writes its own
+   state; rank 0 the model, optimizer and manifest). A relaunch passes
+   `resume_from`, and every rank restores it and skips the steps already done.
+8. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
+   chunks; every rank emits its timing summary. The collective is closed in
+   `finally`.
+9. Failures: the task raises one line, `[blocksync rank R kind=K] Type: message`,
+   where K is `input` (bad data or settings: a ValueError, never retried, exit 2)
+   or `runtime`; the heartbeat carries the same kind to the driver's monitor.
+
+Throughout, a heartbeat thread tells the driver each rank's step and phase
+(`progress.Heartbeat`), which is how stalls and dead workers are named.
+
+The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from blocksync.engine.block_data import arrow_to_block
+from blocksync.engine.collectives import Collective, Rendezvous, start_collective
+from blocksync.engine.config import TrainConfig
+from blocksync.engine.progress import Heartbeat
+from blocksync.engine.shards import ShardPlan, read_block
+from blocksync.engine.trainer import Trainer, params_digest
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 * 1024 * 1024
+RESULT_SCHEMA = pa.schema(
+    [("kind", pa.string()), ("rank", pa.int32()), ("seq", pa.int32()), ("payload", pa.binary())]
+)
+RESULT_SCHEMA_DDL = "kind string, rank int, seq int, payload binary"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything a worker needs, resolved by the driver into plain values."""
+
+    config: TrainConfig
+    num_features: int
+    num_outputs: int
+    total_rows: int
+    steps_per_epoch: int
+    monitor_address: str | None = None
+    """host:port of the driver's RunMonitor (heartbeats from every rank, progress from rank 0), or None."""
+    attempt: int = 0
+    """0 for the first launch, then 1, 2, ... for relaunches after a failure."""
+    resume_from: str | None = None
+    """Checkpoint folder to resume from (validated by the driver), or None to start fresh."""
+    shards: ShardPlan | None = None
+    """blocks=files: each rank reads its rows of the Parquet files itself (`shards`); None: the
+    task's input partition is its block."""
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.config.epochs
+
+
+def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.device, str | None]:
+    """(device, warning). `auto` uses the task's GPU when CUDA works, else the CPU."""
+    cuda_ok = torch.cuda.is_available()
+    if requested == "cpu":
+        return torch.device("cpu"), None
+    if requested == "cuda" and not cuda_ok:
+        raise RuntimeError("device='cuda' was requested but CUDA is not available in this executor's torch")
+    if gpu_addresses and cuda_ok:
+        return torch.device(f"cuda:{int(gpu_addresses[0])}"), None
+    if requested == "cuda":
+        return torch.device("cuda"), None
+    if gpu_addresses:
+        return torch.device("cpu"), f"Spark assigned GPU {gpu_addresses} but CUDA is unavailable; training on CPU"
+    return torch.device("cpu"), None
+
+
+def _state_chunks(model: torch.nn.Module) -> Iterator[bytes]:
+    from safetensors.torch import save
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    blob = save(state)
+    for start in range(0, len(blob), CHUNK_BYTES):
+        yield blob[start : start + CHUNK_BYTES]
+
+
+def _rows(kind: str, rank: int, payloads: list[bytes]) -> pa.RecordBatch:
+    n = len(payloads)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([kind] * n), pa.array([rank] * n, pa.int32()), pa.array(range(n), pa.int32()),
+         pa.array(payloads, pa.binary())],
+        schema=RESULT_SCHEMA,
+    )
+
+
+def _validate_block(plan: WorkerPlan, x: np.ndarray, y: np.ndarray) -> str:
+    if x.shape[0] and x.shape[1] != plan.num_features:
+        return f"block has {x.shape[1]} features, expected {plan.num_features}"
+    if not np.isfinite(x).all():
+        return f"{int((~np.isfinite(x)).any(axis=1).sum())} rows have NaN or infinite features"
+    if plan.config.task == "classification" and y.size:
+        bad = (y < 0) | (y >= plan.num_outputs) | (y != np.floor(y))
+        if bad.any():
+            return f"{int(bad.sum())} labels are not class indices in [0, {plan.num_outputs})"
+    return ""
+
+
+def error_kind(err: BaseException) -> str:
+    """`input` for bad data or settings (ValueError and its kin: checkpoint, divergence), else `runtime`."""
+    return "input" if isinstance(err, ValueError) else "runtime"
+
+
+def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) -> Iterator[pa.RecordBatch]:
+    cfg = plan.config
+    rank = ctx.partitionId()
+    beat = Heartbeat(plan.monitor_address, rank)
+    finished, error, kind = False, None, "runtime"
+    try:
+        threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
+        torch.set_num_threads(threads)
+        gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+        device, warning = select_device(cfg.device, gpus)
+        if warning:
+            log.warning("rank %d: %s", rank, warning)
+        t0 = time.perf_counter()
+        x_np, y_np, problem = _load_block(plan, batches, rank)
+        facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
+                 "device_warning": warning}
+        beat.at(0, "startup")
+        t0 = time.perf_counter()
+        coll, rows = _agree_and_connect(plan, ctx, x_np.shape[0], problem)
+        facts["startup_seconds"] = time.perf_counter() - t0
+        try:
+            x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
+            y = torch.from_numpy(y_np).to(device)
+            trainer = Trainer(plan, coll, x, y, rows, device, beat)
+            if plan.resume_from:
+                trainer.resume(plan.resume_from)
+            train_seconds = trainer.run()
+            yield from _results(trainer, ctx, {**facts, "train_seconds": train_seconds})
+            finished = True
+        finally:
+            coll.close()
+    except BaseException as err:
+        error, kind = f"{type(err).__name__}: {err}", error_kind(err)
+        raise
+    finally:
+        beat.close(done=finished, error=error, kind=kind)
+
+
+def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """(features, labels, problem): the rank's block, or an empty one and what is wrong with the data."""
+    try:
+        if plan.shards:
+            for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
+                pass
+            x_np, y_np = read_block(plan.shards, rank, plan.num_features)
+        else:
+            x_np, y_np = arrow_to_block(batches)
+        return x_np, y_np, _validate_block(plan, x_np, y_np)
+    except ValueError as err:  # bad data in this block: every rank fails with it, none waits
+        return np.zeros((0, plan.num_features), np.float32), np.zeros(0), str(err)
+
+
+def _agree_and_connect(plan: WorkerPlan, ctx: Any, num_rows: int, problem: str) -> tuple[Collective, list[int]]:
+    """One allGather agrees on the blocks (sizes, data errors) and shares rank 0's rendezvous port
+    (each allGather costs about 1 s); then the collective backend starts. Returns it and the block sizes."""
+    cfg = plan.config
+    # Collectives time out well after the driver's stall watchdog, which names the stalled rank.
+    timeout = max(cfg.gloo_timeout_seconds, int(cfg.timeouts.step_seconds) + 30)
+    rendezvous = Rendezvous(cfg.backend, ctx, timeout_seconds=timeout)
+    try:
+        mine = {"rows": int(num_rows), "error": problem, "port": rendezvous.port}
+        facts = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+        errors = [f"rank {r}: {f['error']}" for r, f in enumerate(facts) if f["error"]]
+        if errors:
+            raise ValueError("; ".join(errors))
+        rows = [f["rows"] for f in facts]
+        if sum(rows) != plan.total_rows:
+            raise RuntimeError(f"blocks hold {sum(rows)} rows but the driver counted {plan.total_rows}")
+        rendezvous.share([f["port"] for f in facts])
+        coll = start_collective(cfg.backend, ctx, timeout_seconds=timeout, interface=cfg.network_interface,
+                                horovod=cfg.horovod, rendezvous=rendezvous)
+    finally:
+        rendezvous.close()
+    return coll, rows
+
+
+def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    """Rank 0's final weights in chunks, then every rank's summary row."""
+    rank = trainer.rank
+    summary = {
+        "rank": rank,
+        "host": os.uname().nodename,
+        "task_address": ctx.getTaskInfos()[rank].address,
+        "device": str(trainer.device),
+        "rows": int(trainer.x.shape[0]),
+        "steps": trainer.step_count,
+        "resumed_at": trainer.first_step,
+        **facts,
+        "bytes_sent": float(trainer.traffic[1]),
+        "payload_bytes": float(trainer.traffic[0]),
+        "num_params": trainer.num_params,
+        "step_timings": trainer.timings[trainer.first_step:].round(7).tolist(),
+        "history": trainer.history if rank == 0 else [],
+        "digest": params_digest(trainer.model),
+    }
+    if rank == 0:
+        yield _rows("model", rank, list(_state_chunks(trainer.model)))
+    yield _rows("summary", rank, [json.dumps(summary).encode()])
+
+
+def make_worker(plan: WorkerPlan):
+    """The function handed to `mapInArrow(..., barrier=True)`; pickles `plan` only."""
+
+    def worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        try:
+            yield from run_worker(plan, batches, ctx)
+        except Exception as err:
+            # The driver reads this line: the worker's own error, its rank and its kind.
+            detail = traceback.format_exc(limit=-3)
+            raise RuntimeError(
+                f"[blocksync rank {ctx.partitionId()} kind={error_kind(err)}] {type(err).__name__}: {err}\n{detail}"
+            ) from err
+
+    return worker

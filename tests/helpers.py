@@ -1,0 +1,65 @@
+"""Helpers the tests share: a seeded split with standardization, accuracy on a
+scored DataFrame, and a one-stage all-reduce check of a collective backend."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+from pyspark.ml.feature import StandardScaler, StandardScalerModel, VectorAssembler
+from pyspark.sql import DataFrame, SparkSession
+
+from blocksync.engine.collectives import start_collective
+
+
+def allreduce_check(
+    spark: SparkSession, *, backend: str = "horovod", num_workers: int = 4, length: int = 1024,
+    timeout_seconds: int = 60, interface: str | None = None,
+) -> list[dict]:
+    """One dict per rank: rank, backend size, and the distinct values it received.
+
+    Each of `num_workers` barrier tasks starts the backend and all-reduces a
+    vector filled with (rank + 1); the exact answer is N(N+1)/2 everywhere.
+    """
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        for _ in batches:  # the input rows only place the tasks
+            pass
+        ctx = BarrierTaskContext.get()
+        coll = start_collective(backend, ctx, timeout_seconds=timeout_seconds, interface=interface)
+        try:
+            out = coll.allreduce_sum(torch.full((length,), float(coll.rank + 1)))
+            values = sorted(set(out.tolist()))
+            report = {"rank": coll.rank, "size": coll.size, "values": values}
+        finally:
+            coll.close()
+        yield pa.RecordBatch.from_pydict({"report": [json.dumps(report)]})
+
+    seeds = spark.range(num_workers).repartition(num_workers)
+    rows = seeds.mapInArrow(task, "report string", barrier=True).collect()
+    return sorted((json.loads(r["report"]) for r in rows), key=lambda r: r["rank"])
+
+
+def split_standardized(
+    df: DataFrame, feature_cols: list[str], *, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[DataFrame, DataFrame, StandardScalerModel]:
+    """(train, test, scaler): seeded split, then mean/std from the train split only (Spark ML)."""
+    assembled = VectorAssembler(inputCols=feature_cols, outputCol="raw_features").transform(df)
+    train, test = assembled.randomSplit([1.0 - test_fraction, test_fraction], seed=seed)
+    scaler = StandardScaler(inputCol="raw_features", outputCol="features", withMean=True, withStd=True).fit(train)
+    keep = ["features", *[c for c in df.columns if c not in feature_cols]]
+    return scaler.transform(train).select(keep), scaler.transform(test).select(keep), scaler
+
+
+def accuracy(model: torch.nn.Module, df: DataFrame) -> float:
+    """Share of rows of `df` (ML vector `features`, class index `label`) that `model` classifies right."""
+    pdf = df.select("features", "label").toPandas()
+    x = torch.tensor(np.stack([v.toArray() for v in pdf["features"]]), dtype=torch.float32)
+    with torch.no_grad():
+        pred = model(x).argmax(1).numpy()
+    return float((pred == pdf["label"].to_numpy()).mean())
