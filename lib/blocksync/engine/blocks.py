@@ -46,6 +46,16 @@ def _is_vector(dtype: T.DataType) -> bool:
     return dtype.typeName() == "vector" or type(dtype).__name__ == "VectorUDT"
 
 
+def check_label_not_a_feature(features: str | list[str], label: str) -> None:
+    """The label among the features would leak the answer into the inputs."""
+    names = [features] if isinstance(features, str) else list(features)
+    if label in names:
+        raise ValueError(
+            f"the label column {label!r} is also listed among the features {names}; "
+            "remove it from the features (data.features), or the model would read the answer."
+        )
+
+
 def features_column(df: DataFrame, features: str | list[str]) -> Column:
     """`features` as array<float>, from an array column, an ML vector column or numeric columns."""
     schema = {f.name: f.dataType for f in df.schema.fields}
@@ -137,6 +147,7 @@ def make_blocks(
     seed: int,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo)."""
+    check_label_not_a_feature(features, label)
     data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL))
 
     key = F.xxhash64(F.lit(seed), F.col(FEATURES), F.col(LABEL))

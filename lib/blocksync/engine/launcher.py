@@ -180,7 +180,8 @@ def worker_error(err: BaseException, monitor: RunMonitor | None = None) -> Train
     if monitor is not None and monitor.failure:  # the first event: later errors of other ranks are its consequences
         return TrainingError(f"training failed: {monitor.failure}", monitor.failure_kind)
     text = str(err)
-    ranked = list(dict.fromkeys(m.group(0) for m in _RANK_LINE.finditer(text)))
+    # The kind tag is for the driver; the user reads "[blocksync rank R] Type: message".
+    ranked = list(dict.fromkeys(re.sub(r" kind=\w+\]", "]", m.group(0)) for m in _RANK_LINE.finditer(text)))
     if ranked:
         kind = "input" if any(m.group(1) == "input" for m in _RANK_LINE.finditer(text)) else "runtime"
         return TrainingError("training failed: " + " | ".join(ranked[:4]), kind)

@@ -89,12 +89,48 @@ def build_model(spec: ModelSpec, num_features: int, num_outputs: int) -> nn.Modu
         return mlp(num_features, num_outputs, spec.hidden, spec.dropout)
     if spec.name == "cnn":
         return SmallCNN(num_features, num_outputs, spec.image_shape)
-    model = _import_factory(spec.name)(num_features, num_outputs, **spec.options)
+    factory = _import_factory(spec.name)
+    try:
+        model = factory(num_features, num_outputs, **spec.options)
+    except Exception as err:  # the user's code: say what we called it with
+        raise ValueError(
+            f"model.name={spec.name!r}: calling it as factory({num_features}, {num_outputs}, **model.options) "
+            f"failed ({type(err).__name__}: {err}); a factory takes (num_features, num_outputs, **options) "
+            "and returns a torch.nn.Module."
+        ) from err
     if not isinstance(model, nn.Module):
         raise ValueError(f"model.name={spec.name!r} returned {type(model).__name__}, not a torch.nn.Module.")
     return model
 
 
+def is_custom(spec: ModelSpec) -> bool:
+    """True when `spec` names an import path: building it imports and runs that code."""
+    return spec.name not in REGISTRY
+
+
+def check_importable(spec: ModelSpec) -> None:
+    """A custom `package.module:factory` must import and be callable (checked before any slow stage)."""
+    if is_custom(spec):
+        _import_factory(spec.name)
+
+
 def validate_spec(spec: ModelSpec, num_features: int, num_outputs: int) -> None:
-    """Build once on the driver so a bad spec fails before any barrier task starts."""
-    build_model(spec, num_features, num_outputs)
+    """Build once on the driver and run a probe forward pass on two zero rows, so a bad spec, or a
+    network whose output width is not `num_outputs`, fails before any barrier task starts."""
+    model = build_model(spec, num_features, num_outputs)
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, num_features))
+    except Exception as err:
+        raise ValueError(
+            f"model.name={spec.name!r}: a forward pass on a batch of shape (2, {num_features}) failed "
+            f"({type(err).__name__}: {err}); the network must take [batch, {num_features}] float features."
+        ) from err
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_outputs):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"model.name={spec.name!r} returns outputs of shape {shape} for a batch of 2, but this task needs "
+            f"(2, {num_outputs}) ({num_outputs} = classes, or 1 for regression); make its last layer "
+            f"{num_outputs} wide (the factory receives num_outputs={num_outputs})."
+        )

@@ -36,7 +36,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pyarrow.types as pat
 
-from blocksync.engine.blocks import LABEL, BlockInfo, label_aggregates, label_column, label_facts
+from blocksync.engine.blocks import (
+    LABEL,
+    BlockInfo,
+    check_label_not_a_feature,
+    label_aggregates,
+    label_column,
+    label_facts,
+)
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,7 @@ def plan_shards(
     spark: Any, paths: str | list[str], *, features: str | list[str], label: str, num_workers: int
 ) -> tuple[ShardPlan, BlockInfo]:
     """Assign every row of the Parquet files at `paths` to one of `num_workers` balanced, contiguous blocks."""
+    check_label_not_a_feature(features, label)
     dataset = _dataset(paths)
     columns = _feature_columns(dataset.schema, features)
     if label not in dataset.schema.names:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from blocksync.engine.config import ModelSpec
-from blocksync.engine.models import build_model
+from blocksync.engine.models import build_model, is_custom
 
 WEIGHTS = "model.safetensors"
 META = "model.json"
@@ -105,8 +105,14 @@ def model_meta(spec: ModelSpec, num_features: int, num_outputs: int, prepared: d
     }
 
 
-def load_model(path: str | Path) -> SavedModel:
-    """Load a model directory written by a run (`<run>/model`), or the run directory itself."""
+def load_model(path: str | Path, *, trust_custom_code: bool = False) -> SavedModel:
+    """Load a model directory written by a run (`<run>/model`), or the run directory itself.
+
+    Built-in networks (logreg, mlp, cnn) load from weights and JSON alone. A
+    network named by an import path `package.module:factory` means importing
+    and calling that code, named by a file anyone could have written: it loads
+    only with `trust_custom_code=True`.
+    """
     from safetensors.torch import load_file
 
     directory = Path(path)
@@ -115,7 +121,13 @@ def load_model(path: str | Path) -> SavedModel:
     if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
         raise ValueError(f"{path} holds no blocksync model ({META} and {WEIGHTS}); give a run's model directory.")
     meta = json.loads((directory / META).read_text())
-    module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
+    spec = ModelSpec(**meta["model"])
+    if is_custom(spec) and not trust_custom_code:
+        raise ValueError(
+            f"{directory / META} names a custom network {spec.name!r}: loading it imports and runs that code. "
+            "If you trust this model directory, call load_model(path, trust_custom_code=True)."
+        )
+    module = build_model(spec, int(meta["num_features"]), int(meta["num_outputs"]))
     state = load_file(str(directory / WEIGHTS))
     try:
         module.load_state_dict(state)

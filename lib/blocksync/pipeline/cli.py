@@ -71,12 +71,18 @@ def session_for(config):  # type: ignore[no-untyped-def]
 
 
 def execute(stage: str, args: argparse.Namespace) -> int:
+    from blocksync.engine.models import check_importable
     from blocksync.pipeline import stages as pipeline
     from blocksync.pipeline.run_config import load_config
 
     config = load_config(args.config, args.overrides)
     if args.quiet:
         config.progress = False
+    if stage == "run":  # before Spark starts: settings that would otherwise fail minutes later
+        pipeline.check_settings(config, overwrite=args.overwrite)
+    elif stage == "train":
+        pipeline.check_checkpoint_dir(config.train.checkpoint.dir)
+        check_importable(config.train.model)
     spark = session_for(config)
     spark.sparkContext.setLogLevel("ERROR")
     run_dir = Path(config.output_dir)
@@ -124,7 +130,13 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     except (ValueError, FileExistsError) as err:
         print(f"blocksync: error: {err}", file=sys.stderr)
         return 2
-    except (TrainingError, CollectiveError) as err:
+    except TrainingError as err:
+        if err.kind == "input":  # a rank found bad data or settings
+            print(f"blocksync: error: {err}", file=sys.stderr)
+            return 2
+        print(f"blocksync: failed: {err}", file=sys.stderr)
+        return 1
+    except CollectiveError as err:
         print(f"blocksync: failed: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

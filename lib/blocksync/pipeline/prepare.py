@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.engine.blocks import FEATURES, LABEL, features_column
+from blocksync.engine.blocks import FEATURES, LABEL, check_label_not_a_feature, features_column
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import load_source
 
@@ -53,13 +53,24 @@ def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
 
 
 def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int]:
-    """Rows with a null, NaN or infinite feature: fail with their count, or drop them and report it."""
+    """Rows with a null, NaN or infinite feature: fail with their count, or drop them and report it.
+
+    The same pass checks that every row has as many features as the others.
+    """
     bad = (
         F.col(FEATURES).isNull()
         | F.exists(F.col(FEATURES), lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf"))))
     )
     flagged = df.withColumn("_bad", bad)
-    count = flagged.filter("_bad").count()
+    width = F.when(F.col(FEATURES).isNotNull(), F.size(FEATURES))
+    facts = flagged.agg(F.sum(F.col("_bad").cast("long")).alias("bad"), F.min(width).alias("lo"),
+                        F.max(width).alias("hi")).collect()[0]
+    count = int(facts["bad"] or 0)
+    if facts["lo"] != facts["hi"]:
+        raise ValueError(
+            f"feature arrays have differing lengths ({facts['lo']} to {facts['hi']} values); every row needs "
+            "the same number of features: fix the data, or name equal-length columns in data.features."
+        )
     if count and policy == "fail":
         raise ValueError(
             f"{count} rows have null, NaN or infinite features; clean them, or set data.invalid_rows=drop "
@@ -95,6 +106,7 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         raise ValueError(f"data.source={data.source!r} has no rows; check the path, table or filter.")
     labels = label_mapping(raw, data.label, task)
     feature_cols = resolve_feature_columns(raw, data.features, data.label)
+    check_label_not_a_feature(feature_cols, data.label)
     if labels is None:
         label = F.col(data.label).cast("double")
     else:

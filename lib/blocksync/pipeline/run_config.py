@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -115,6 +116,10 @@ class RunConfig:
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     """Optional experiment tracking."""
 
+    def __post_init__(self) -> None:
+        if not str(self.output_dir).strip():
+            raise ValueError("output_dir is empty; name the run directory, e.g. output_dir=runs/local.")
+
 
 # --- strict loading -----------------------------------------------------------
 
@@ -192,16 +197,36 @@ def build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         return None
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as PyYAML reads it, except that `1e-3` and `1e6` are floats (YAML 1.2), not strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def read_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`train.lr=0.01` -> (['train', 'lr'], 0.01); the value is read as YAML."""
+    """`train.lr=0.01` -> (['train', 'lr'], 0.01); the value is read as YAML.
+
+    Keys under `spark.conf.` are Spark's own dotted names and stay whole:
+    `spark.conf.spark.task.cpus=2` -> (['spark', 'conf', 'spark.task.cpus'], 2).
+    """
     key, sep, raw = text.partition("=")
     if not sep or not key or key.startswith("-"):
         raise ConfigError([f"override {text!r} is not key.sub=value (flags go before the overrides)"], "arguments")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = read_yaml(raw) if raw != "" else ""
     except yaml.YAMLError as err:
         raise ConfigError([f"override {text!r}: value is not valid YAML ({err})"], "arguments") from err
-    return key.split("."), value
+    keys = key.split(".")
+    if keys[:2] == ["spark", "conf"] and len(keys) > 2:
+        keys = ["spark", "conf", ".".join(keys[2:])]
+    return keys, value
 
 
 def _set_path(tree: dict[str, Any], keys: list[str], value: Any) -> None:
@@ -225,7 +250,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(["config file not found; pass an existing YAML file such as conf/local.yaml"], source)
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = read_yaml(p.read_text())
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

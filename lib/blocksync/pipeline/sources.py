@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -49,7 +51,8 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
     if source == "synthetic":
         return synthetic_frame(spark, data.synthetic, task, data.seed)
     fmt = data.format
-    looks_like_path = "/" in source or "://" in source or Path(source).suffix in (".parquet", ".csv")
+    uri = is_uri(source)
+    looks_like_path = "/" in source or uri or Path(source).suffix in (".parquet", ".csv")
     if fmt == "auto":
         fmt = ("csv" if source.endswith(".csv") else "parquet") if looks_like_path else "table"
     if fmt == "table":
@@ -59,8 +62,22 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
                 "a Parquet/CSV path, digits or synthetic."
             )
         return spark.table(source)
-    if "://" not in source and not Path(source).exists():
+    if not uri and not Path(source).exists():
         raise ValueError(f"data.source={source!r} does not exist; check the path.")
-    if fmt == "csv":
-        return spark.read.option("header", True).option("inferSchema", True).csv(source)
-    return spark.read.parquet(source)
+    try:
+        if fmt == "csv":
+            return spark.read.option("header", True).option("inferSchema", True).csv(source)
+        return spark.read.parquet(source)
+    except AnalysisException as err:
+        if "UNABLE_TO_INFER_SCHEMA" in str(err.getCondition()):
+            raise ValueError(
+                f"data.source={source!r} holds no {fmt} files (an empty folder?); point it at the data files."
+            ) from err
+        if "PATH_NOT_FOUND" in str(err.getCondition()):
+            raise ValueError(f"data.source={source!r} does not exist; check the path.") from err
+        raise
+
+
+def is_uri(path: str) -> bool:
+    """`s3://b/k`, `hdfs://nn/p`, `dbfs:/p`, `file:/p`: a scheme that Spark's filesystems resolve."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", path) is not None

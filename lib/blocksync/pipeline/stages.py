@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from blocksync.engine.launcher import TrainResult, train, train_files
+from blocksync.engine.models import check_importable
 from blocksync.pipeline.artifacts import load_model, model_meta, move_into_place, save_model, write_json_atomic
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics
 from blocksync.pipeline.evaluate import score
@@ -64,6 +65,50 @@ def _require(path: Path, what: str, hint: str) -> None:
 def _refuse_existing(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass --overwrite or choose another output_dir.")
+
+
+def check_settings(config: RunConfig, *, overwrite: bool) -> None:
+    """What would otherwise fail late, checked before any Spark work: the output directory, the
+    checkpoint store and a custom model's import path. Each error names its setting."""
+    check_output_dir(Path(config.output_dir), overwrite=overwrite)
+    check_checkpoint_dir(config.train.checkpoint.dir)
+    check_importable(config.train.model)
+
+
+def check_output_dir(target: Path, *, overwrite: bool) -> None:
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"output_dir={str(target)!r} is a file, not a directory; choose another output_dir.")
+    _refuse_existing(target, overwrite)
+    ancestor = target.resolve().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"output_dir={str(target)!r}: {ancestor} is a file, so the directory cannot be made there; "
+                         "choose another output_dir.")
+    try:  # the only reliable test of writability (root passes os.access checks, read-only mounts do not)
+        probe = ancestor / f".blocksync-probe-{uuid.uuid4().hex[:8]}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as err:
+        raise ValueError(f"output_dir={str(target)!r} cannot be written ({ancestor}: {err.strerror}); "
+                         "choose a writable output_dir.") from err
+
+
+def check_checkpoint_dir(uri: str | None) -> None:
+    if not uri:
+        return
+    import pyarrow.fs as pafs
+
+    from blocksync.engine.checkpoint import filesystem
+
+    try:
+        fs, root = filesystem(uri)
+        info = fs.get_file_info(root)
+    except Exception as err:  # pyarrow raises OSError, ValueError or ArrowException subclasses per filesystem
+        raise ValueError(f"train.checkpoint.dir={uri!r} cannot be reached ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}); fix the URI or its credentials.") from err
+    if info.type == pafs.FileType.File:
+        raise ValueError(f"train.checkpoint.dir={uri!r} is a file, not a directory; choose another checkpoint.dir.")
 
 
 def prepare_stage(spark: SparkSession, config: RunConfig, run_dir: Path, *, overwrite: bool = False) -> dict[str, Any]:
@@ -107,7 +152,8 @@ def train_stage(
 def evaluate_stage(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Score the test split on the executors; merge the metrics into metrics.json; draw report.png."""
     _require(run_dir / "model", "the evaluate stage needs a trained model", "run `blocksync train` first.")
-    saved = load_model(run_dir / "model")
+    # This run trained the model from the user's own config, custom network included.
+    saved = load_model(run_dir / "model", trust_custom_code=True)
     test_df = spark.read.parquet(str(run_dir / "prepared" / "test.parquet"))
     scored = score(spark, test_df, saved)
     stage = _Staging(run_dir, "evaluate")
@@ -127,14 +173,19 @@ def evaluate_stage(spark: SparkSession, config: RunConfig, run_dir: Path) -> dic
     if config.tracking.mlflow:
         from blocksync.pipeline.tracking import log_run
 
-        log_run(config, run_dir, metrics, history)
+        try:
+            log_run(config, run_dir, metrics, history)
+        except Exception as err:  # the run itself is done and written: keep it, say what tracking lost
+            log.warning("MLflow tracking failed (tracking.uri=%s): %s: %s; the run is kept in %s",
+                        config.tracking.uri, type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "",
+                        run_dir)
     return metrics
 
 
 def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     """prepare + train + evaluate into a fresh run directory, renamed into place at the end."""
     target = Path(config.output_dir)
-    _refuse_existing(target, overwrite)
+    check_settings(config, overwrite=overwrite)
     staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         prepare_stage(spark, config, staging)

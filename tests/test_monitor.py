@@ -1,0 +1,108 @@
+"""The driver's run monitor, fed by plain sockets (no Spark): bad heartbeats, start-up bound, failure kinds."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from blocksync.engine.launcher import worker_error
+from blocksync.engine.progress import RunMonitor
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def connect(monitor: RunMonitor) -> socket.socket:
+    host, port = monitor.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def send(sock: socket.socket, text: str) -> None:
+    sock.sendall((text + "\n").encode())
+
+
+def wait_for(predicate, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_malformed_heartbeat_does_not_end_the_reader():
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False)
+    try:
+        with connect(monitor) as sock:
+            send(sock, json.dumps({"rank": 0, "step": 1, "phase": "compute"}))
+            for bad in ("{not json", json.dumps({"step": 2}), json.dumps({"rank": "x", "step": 2, "phase": "a"}),
+                        json.dumps([1, 2])):
+                send(sock, bad)
+            send(sock, json.dumps({"rank": 0, "step": 3, "phase": "sync"}))
+            wait_for(lambda: monitor.ranks.get(0, {}).get("step") == 3)
+            assert monitor.ranks[0]["step"] == 3 and monitor.ranks[0]["phase"] == "sync"
+            send(sock, json.dumps({"rank": 0, "step": 3, "phase": "sync", "done": True}))
+            wait_for(lambda: monitor.ranks[0]["done"])
+        time.sleep(0.3)
+        assert monitor.failure is None  # the rank finished: its bad lines were skipped, not fatal
+    finally:
+        monitor.close()
+
+
+def test_start_up_is_bounded_by_the_barrier_timeout():
+    cancelled = []
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False, stall_seconds=300, num_ranks=3,
+                         startup_seconds=1.0, on_stall=lambda: cancelled.append(time.monotonic()))
+    started = time.monotonic()
+    try:
+        with connect(monitor) as a, connect(monitor) as b:
+            send(a, json.dumps({"rank": 0, "step": 0, "phase": "startup"}))
+            send(b, json.dumps({"rank": 1, "step": 0, "phase": "load"}))
+            wait_for(lambda: bool(cancelled), seconds=5)
+    finally:
+        monitor.close()
+    assert cancelled and 1.0 <= cancelled[0] - started < 3.0
+    assert monitor.failure == (
+        "start-up took over 1 s (timeouts.barrier_seconds): rank 2 never reported, rank 0 still in startup, "
+        "rank 1 still in load; raise timeouts.barrier_seconds for large blocks, or check that executor's log")
+
+
+def test_a_rank_failure_carries_its_kind():
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False)
+    try:
+        with connect(monitor) as sock:
+            send(sock, json.dumps({"rank": 2, "step": 4, "phase": "sync",
+                                   "failed": "TrainingDiverged: training diverged", "kind": "input"}))
+            wait_for(lambda: monitor.failure is not None)
+    finally:
+        monitor.close()
+    err = worker_error(RuntimeError("Py4JJavaError: ... at org.apache.spark..."), monitor)
+    assert err.kind == "input"
+    assert str(err) == "training failed: [blocksync rank 2] TrainingDiverged: training diverged (at step 4, sync)"
+
+
+def test_the_worker_line_and_its_kind_come_out_of_spark_text():
+    text = ("org.apache.spark.SparkException: Job aborted\n"
+            "pyspark.errors.exceptions.base.PySparkRuntimeError: [blocksync rank 3 kind=input] ValueError: "
+            "rank 3: 2 labels are not class indices\n\tat org.apache.spark.api.python.BasePythonRunner...")
+    err = worker_error(RuntimeError(text))
+    assert err.kind == "input"
+    assert str(err) == "training failed: [blocksync rank 3] ValueError: rank 3: 2 labels are not class indices"
+    runtime = worker_error(RuntimeError(text.replace("kind=input", "kind=runtime")))
+    assert runtime.kind == "runtime"
+
+
+def test_a_python_error_before_the_worker_ran_is_extracted():
+    text = ("py4j.protocol.Py4JJavaError: An error occurred\n"
+            "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "/x/pyspark/worker.py", line 1, in main\n'
+            "    func = read_command()\n"
+            "ImportError: cannot import name 'thing' from 'somewhere'\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(...)\n")
+    err = worker_error(RuntimeError(text))
+    assert str(err) == ("training failed on an executor before the worker started: "
+                        "ImportError: cannot import name 'thing' from 'somewhere'")
+    missing = worker_error(RuntimeError(text.replace(
+        "ImportError: cannot import name 'thing' from 'somewhere'", "ModuleNotFoundError: No module named 'blocksync'")))
+    assert missing.kind == "input"
+    assert "the executors' Python cannot import 'blocksync'" in str(missing)
+    assert "spark.pyspark.python" in str(missing)
