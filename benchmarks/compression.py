@@ -1,6 +1,6 @@
 """Gradient compression: bytes per step and time per step for each mode.
 
-blocksync's `mlp` (128 -> 256 -> 256 -> 2, 99,842 parameters), 4 horovod workers
+blocksync's `mlp` (128 -> 256 -> 256 -> 2, 99,330 parameters), 4 horovod workers
 on local[4], global batch 4,096, one epoch over the first 262,144 synthetic rows
 (64 steps), blocks cut once and cached. Per mode: the all-reduce payload per
 step (what each rank hands the collective), rank 0's median step period and

@@ -7,7 +7,7 @@ Inputs measured on this machine in the same `make bench` run
   from the 1-worker blocksync row of the throughput benchmark (its step period
   over its batch; with one worker the collective costs next to nothing);
 - S: the bytes each rank all-reduces per step (the `none` row of the
-  compression benchmark: every gradient plus the sample count, float32).
+  compression benchmark: every gradient, float32).
 
 Model, per step of a worker holding b rows of the batch (weak scaling):
 

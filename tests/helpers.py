@@ -1,5 +1,6 @@
 """Helpers the tests share: a seeded split with standardization, accuracy on a
-scored DataFrame, and a one-stage all-reduce check of a collective backend."""
+scored DataFrame, a one-stage all-reduce check of a collective backend, and the
+blocks of a blocked DataFrame as NumPy arrays."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import torch
 from pyspark.ml.feature import StandardScaler, StandardScalerModel, VectorAssembler
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from blocksync.engine.collectives import start_collective
 
@@ -63,3 +65,15 @@ def accuracy(model: torch.nn.Module, df: DataFrame) -> float:
     with torch.no_grad():
         pred = model(x).argmax(1).numpy()
     return float((pred == pdf["label"].to_numpy()).mean())
+
+
+def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per partition (= rank), (features float32 [n, d], labels float64 [n]) in the partition's row order."""
+    rows = blocks.withColumn("_pid", F.spark_partition_id()).collect()  # partition order kept
+    out = []
+    for rank in range(num_workers):
+        mine = [r for r in rows if r["_pid"] == rank]
+        x = np.array([r["features"] for r in mine], dtype=np.float32)
+        y = np.array([r["label"] for r in mine], dtype=np.float64)
+        out.append((x, y))
+    return out

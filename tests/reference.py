@@ -1,60 +1,255 @@
-"""A plain single-process PyTorch loop that steps on the same global batches as the workers.
+"""Single-process reference for the equivalence tests, written with torch and numpy only.
 
-It rebuilds each worker's block (in the order the worker sees it) and, per
-step, the union of the four local batches from the library's own seeded batch
-plan; then it takes one ordinary optimizer step on the mean loss of that union.
+Nothing here comes from `blocksync`: the batch order, the loss scaling, the
+optimizer, the learning-rate schedule and the model are rebuilt from the rules
+below, so a bug in the library's own versions of them shows up as a parameter
+difference in the tests instead of cancelling out. `cfg` is read by attribute
+only (any object with TrainConfig's field names will do).
+
+The contract reproduced
+=======================
+
+Blocks and the batch order
+  - `blocks[r]` is rank r's block: features float32 [n_r, d] and labels [n_r],
+    in the row order the worker holds them.
+  - Every rank takes S = ceil(N / batch_size) steps per epoch (at least 1),
+    N = n_0 + n_1 + ..., whatever its own block size. The run has T = S * epochs
+    steps, counted t = 0 .. T-1 over the whole run.
+  - In epoch e (0-based), rank r visits its block in the order
+    `np.random.default_rng([seed, r, e]).permutation(n_r)`.
+  - Step s (0-based within the epoch) of a block of n rows takes positions
+    [s*n // S, (s+1)*n // S) of that permutation: contiguous, near-equal slices
+    that cover the epoch exactly once. A block with fewer rows than S gets
+    some empty slices.
+  - The global batch of a step is the union of every rank's slice; its size is
+    the sum of the slice sizes.
+
+Gradient sync (`sync="gradients"`): a single replica. The gradient of a step is
+that of the summed loss over the global batch divided by the global batch size;
+then one optimizer step. (A step whose global batch is empty has no defined
+gradient: the reference refuses it.)
+
+Local SGD (`sync="parameters"`, `sync_every=K`): one replica per rank, all
+starting from the same initial weights, each with its own optimizer state.
+Each rank steps on the mean loss of its own slice; a rank whose slice is empty
+takes no optimizer step, but its learning-rate schedule advances all the same.
+After every step t with (t+1) % K == 0, and after the final step, every replica
+is set to the mean of the replicas' parameters weighted by the number of rows
+each rank stepped on since the previous average.
+
+Loss, summed over rows: classification = cross-entropy of the outputs against
+the integer class labels; regression = squared difference between the single
+output and the label.
+
+Optimizers: `sgd` = SGD with cfg.lr, cfg.momentum, and cfg.weight_decay as an L2
+term added to the gradient; `adam` = Adam with cfg.lr and L2 cfg.weight_decay;
+`adamw` = AdamW with cfg.lr and decoupled decay cfg.weight_decay (also when it is
+0: never torch's own 0.01 default). Every other hyper-parameter is torch's default.
+
+Learning rate at step t: cfg.lr * f(t) with W = cfg.warmup_steps:
+  f(t) = (t + 1) / W while t < W (linear warm-up); afterwards, with
+  p = min(1, (t - W) / max(1, T - W)):
+  constant: 1;  cosine: (1 + cos(pi p)) / 2;  step: 0.1 ** floor(3 p)
+  (x0.1 from 1/3 and again from 2/3 of the post-warm-up steps).
+
+Model (initial weights): `torch.manual_seed(seed)`, then the layers are created in
+this order, each with torch's default initialization:
+  logreg: one Linear(d, outputs);
+  mlp: for each hidden width h: Linear(width, h), ReLU, and Dropout(p) if p > 0;
+  then Linear(width, outputs); all in one Sequential.
+Dropout masks: each rank draws from its own copy of torch's global generator as
+it stands right after the model is built, one forward pass per non-empty slice.
+
+Not covered, and refused: other models (cnn, import paths), gradient compression,
+bf16 mixed precision.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+from typing import Any
+
 import numpy as np
 import torch
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from torch import nn
 
-from blocksync.engine.block_data import batch_slices, epoch_permutation, steps_per_epoch
-from blocksync.engine.config import TrainConfig
-from blocksync.engine.models import build_model
-from blocksync.engine.optim import build_optimizer, build_schedule, loss_sum
+Block = tuple[np.ndarray, np.ndarray]
 
 
-def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    rows = blocks.withColumn("_pid", F.spark_partition_id()).collect()  # partition order kept
-    out = []
-    for rank in range(num_workers):
-        mine = [r for r in rows if r["_pid"] == rank]
-        x = np.array([r["features"] for r in mine], dtype=np.float32)
-        y = np.array([r["label"] for r in mine], dtype=np.float64)
-        out.append((x, y))
-    return out
+# --- the batch order ------------------------------------------------------------
+
+def steps_in_epoch(total_rows: int, batch_size: int) -> int:
+    return max(1, (total_rows + batch_size - 1) // batch_size)
 
 
-def reference_train(blocks: list[tuple[np.ndarray, np.ndarray]], cfg: TrainConfig, num_outputs: int) -> torch.nn.Module:
-    torch.manual_seed(cfg.seed)
-    num_features = blocks[0][0].shape[1]
-    model = build_model(cfg.model, num_features, num_outputs)
-    optimizer = build_optimizer(model, cfg)
-    total_rows = sum(len(y) for _, y in blocks)
-    per_epoch = steps_per_epoch(total_rows, cfg.batch_size)
-    schedule = build_schedule(optimizer, per_epoch * cfg.epochs, cfg)
-    for epoch in range(cfg.epochs):
-        plans = []
-        for rank, (_, y) in enumerate(blocks):
-            order = epoch_permutation(len(y), cfg.seed, rank, epoch)
-            plans.append((order, batch_slices(len(y), per_epoch)))
-        for step in range(per_epoch):
-            xs, ys = [], []
-            for (x, y), (order, slices) in zip(blocks, plans, strict=True):
-                lo, hi = slices[step]
-                xs.append(x[order[lo:hi]])
-                ys.append(y[order[lo:hi]])
-            xb, yb = torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
-            optimizer.zero_grad()
-            (loss_sum(model(xb), yb, cfg.task) / len(yb)).backward()
-            optimizer.step()
-            schedule.step()
+def visit_order(block_rows: int, seed: int, rank: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, rank, epoch]).permutation(block_rows)
+
+
+def step_rows(order: np.ndarray, step: int, steps: int) -> np.ndarray:
+    """The rows (block indices) a rank uses in `step` of an epoch of `steps` steps."""
+    n = len(order)
+    return order[step * n // steps : (step + 1) * n // steps]
+
+
+def epoch_batches(blocks: list[Block], seed: int, epoch: int, steps: int) -> list[list[np.ndarray]]:
+    """[step][rank] -> that rank's row indices."""
+    orders = [visit_order(len(y), seed, rank, epoch) for rank, (_, y) in enumerate(blocks)]
+    return [[step_rows(order, s, steps) for order in orders] for s in range(steps)]
+
+
+# --- model, loss, optimizer, schedule -------------------------------------------
+
+def reference_model(spec: Any, num_features: int, num_outputs: int) -> nn.Module:
+    if spec.name == "logreg":
+        return nn.Linear(num_features, num_outputs)
+    if spec.name == "mlp":
+        layers: list[nn.Module] = []
+        width = num_features
+        for h in spec.hidden:
+            layers.append(nn.Linear(width, int(h)))
+            layers.append(nn.ReLU())
+            if spec.dropout > 0:
+                layers.append(nn.Dropout(spec.dropout))
+            width = int(h)
+        layers.append(nn.Linear(width, num_outputs))
+        return nn.Sequential(*layers)
+    raise ValueError(f"the reference builds logreg and mlp only, not {spec.name!r}")
+
+
+def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    if task == "classification":
+        return nn.functional.cross_entropy(outputs, labels.long(), reduction="sum")
+    if task == "regression":
+        return ((outputs[:, 0] - labels.to(outputs.dtype)) ** 2).sum()
+    raise ValueError(f"unknown task {task!r}")
+
+
+def reference_optimizer(params: list[nn.Parameter], cfg: Any) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def learning_rate(t: int, total_steps: int, cfg: Any) -> float:
+    warmup = cfg.warmup_steps
+    if t < warmup:
+        return cfg.lr * ((t + 1) / warmup)
+    p = min(1.0, (t - warmup) / max(1, total_steps - warmup))
+    if cfg.schedule == "constant":
+        return cfg.lr * 1.0
+    if cfg.schedule == "cosine":
+        return cfg.lr * (0.5 * (1.0 + math.cos(math.pi * p)))
+    if cfg.schedule == "step":
+        return cfg.lr * (0.1 ** math.floor(3 * p))
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+# --- training -------------------------------------------------------------------
+
+class _Run:
+    """What both sync modes share: the tensors, the step count and each rank's generator state."""
+
+    def __init__(self, blocks: list[Block], cfg: Any, num_outputs: int) -> None:
+        if cfg.compression != "none" or cfg.mixed_precision != "none":
+            raise ValueError("the reference covers compression=none and mixed_precision=none only")
+        self.cfg = cfg
+        self.x = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x, _ in blocks]
+        self.y = [torch.from_numpy(np.asarray(y)) for _, y in blocks]
+        self.blocks = blocks
+        self.steps = steps_in_epoch(sum(len(y) for _, y in blocks), cfg.batch_size)
+        self.total_steps = self.steps * cfg.epochs
+        torch.manual_seed(cfg.seed)
+        self.model = reference_model(cfg.model, self.x[0].shape[1], num_outputs)
+        self.model.train()
+        self.streams = [torch.get_rng_state() for _ in blocks]
+
+    def schedule(self):
+        """(t, [rank] -> row indices) for every step of the run."""
+        t = 0
+        for epoch in range(self.cfg.epochs):
+            for rows in epoch_batches(self.blocks, self.cfg.seed, epoch, self.steps):
+                yield t, rows
+                t += 1
+
+    def rank_loss(self, model: nn.Module, rank: int, rows: np.ndarray) -> torch.Tensor:
+        """Summed loss of `rank`'s rows, drawing any dropout mask from that rank's own generator."""
+        idx = torch.from_numpy(rows)
+        torch.set_rng_state(self.streams[rank])
+        out = model(self.x[rank][idx])
+        self.streams[rank] = torch.get_rng_state()
+        return summed_loss(out, self.y[rank][idx], self.cfg.task)
+
+
+def reference_train(blocks: list[Block], cfg: Any, num_outputs: int) -> nn.Module:
+    """The model the engine should end with, for `cfg.sync` "gradients" or "parameters"."""
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's generator as it was
+        run = _Run(blocks, cfg, num_outputs)
+        if cfg.sync == "gradients":
+            return _gradient_sync(run)
+        if cfg.sync == "parameters":
+            return _local_sgd(run)
+        raise ValueError(f"unknown sync {cfg.sync!r}")
+
+
+def _gradient_sync(run: _Run) -> nn.Module:
+    model = run.model
+    optimizer = reference_optimizer(list(model.parameters()), run.cfg)
+    for t, rows in run.schedule():
+        global_batch = sum(len(r) for r in rows)
+        if global_batch == 0:
+            raise ValueError(f"step {t} has an empty global batch: no defined gradient")
+        set_lr(optimizer, learning_rate(t, run.total_steps, run.cfg))
+        optimizer.zero_grad()
+        total = sum(run.rank_loss(model, rank, r) for rank, r in enumerate(rows) if len(r))
+        (total / global_batch).backward()
+        optimizer.step()
     return model
 
 
-def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+def _local_sgd(run: _Run) -> nn.Module:
+    replicas = [copy.deepcopy(run.model) for _ in run.blocks]
+    optimizers = [reference_optimizer(list(m.parameters()), run.cfg) for m in replicas]
+    since_average = [0] * len(replicas)
+    for t, rows in run.schedule():
+        lr = learning_rate(t, run.total_steps, run.cfg)
+        for rank, (model, optimizer, r) in enumerate(zip(replicas, optimizers, rows, strict=True)):
+            if not len(r):
+                continue
+            set_lr(optimizer, lr)
+            optimizer.zero_grad()
+            (run.rank_loss(model, rank, r) / len(r)).backward()
+            optimizer.step()
+            since_average[rank] += len(r)
+        if (t + 1) % run.cfg.sync_every == 0 or t + 1 == run.total_steps:
+            _average(replicas, since_average, t)
+            since_average = [0] * len(replicas)
+    return replicas[0]
+
+
+@torch.no_grad()
+def _average(replicas: list[nn.Module], weights: list[int], t: int) -> None:
+    total = sum(weights)
+    if total == 0:
+        raise ValueError(f"no rank used any rows before the average after step {t}")
+    for params in zip(*(m.parameters() for m in replicas), strict=True):
+        mean = sum(w * p.double() for w, p in zip(weights, params, strict=True)) / total
+        for p in params:
+            p.copy_(mean)
+
+
+def max_param_diff(a: nn.Module, b: nn.Module) -> float:
+    """Largest absolute difference between corresponding parameters (same architecture required)."""
+    pa, pb = list(a.parameters()), list(b.parameters())
+    assert [p.shape for p in pa] == [p.shape for p in pb], "the two models differ in architecture"
+    return max(float((p - q).detach().abs().max()) for p, q in zip(pa, pb, strict=True))

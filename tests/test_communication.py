@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -36,10 +38,16 @@ def test_compression_converges_and_shrinks_the_payload(spark, digits):
     assert topk_acc >= base_acc - 0.010      # within 1.0 point
     assert fp16_acc >= base_acc - 0.003      # within 0.3 points
     assert int8_acc >= base_acc - 0.010
+    # Payloads are deterministic: what one rank contributes per step, in bytes, for P parameters.
+    num_params = (64 * 128 + 128) + (128 * 64 + 64) + (64 * 10 + 10)
+    assert num_params == 17226
     per_step = {m["compression"]: m["payload_bytes_per_step"] for m in (base, topk, fp16, int8)}
-    assert per_step["none"] / per_step["topk"] >= 50
-    assert per_step["none"] / per_step["fp16"] >= 2
-    assert per_step["none"] / per_step["int8"] >= 3.9
+    assert per_step == {
+        "none": 4 * num_params,                             # float32: 68904
+        "fp16": 2 * num_params,                             # float16: 34452
+        "topk": math.ceil(0.01 * num_params) * (4 + 2),     # k = 173 int32 indices + float16 values: 1038
+        "int8": num_params + 4 * math.ceil(num_params / 4096),  # int8 codes + a float32 scale per 4096: 17246
+    }
     assert base["bytes_sent"] > topk["bytes_sent"] > 0
 
 
@@ -47,13 +55,22 @@ def test_compression_converges_and_shrinks_the_payload(spark, digits):
 @pytest.mark.parametrize("compression", ["fp16", "topk", "int8"])
 def test_compression_on_every_backend_keeps_replicas_identical(spark, backend, compression):
     df = spark.createDataFrame(synthetic_classification(240, 8, 3, seed=2))
-    epochs = 4 if backend == "torch_gloo" else 1
-    cfg = TrainConfig(num_workers=3, backend=backend, epochs=epochs, batch_size=40, lr=0.01, check_every=2,
+    epochs = 4 if backend == "torch_gloo" else 2  # the spark backend costs about a second per collective
+    cfg = TrainConfig(num_workers=3, backend=backend, epochs=epochs, batch_size=40, lr=0.05, check_every=2,
                       compression=compression, topk_ratio=0.05, model=ModelSpec(name="mlp", hidden=[16]))
     result = train(spark, df, cfg)
     assert len({s["digest"] for s in result.rank_summaries}) == 1
     assert result.metrics["compression"] == compression
-    assert result.history[-1]["train_loss"] < 1.2  # it learns: log(3) = 1.10 at chance, falling
+    # It learns: chance is ln 3 = 1.10. The last epoch's mean loss was 0.25 (fp16, int8) to 0.28 (topk) after
+    # 4 epochs on torch_gloo, and 0.29 (fp16, int8) to 0.52 (topk) after 2 epochs on the spark backend.
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < 0.6 and losses[-1] < losses[0], losses
+    # Exact bytes each rank contributed: 195 parameters, 6 steps per epoch (240 rows / 40).
+    num_params = (8 * 16 + 16) + (16 * 3 + 3)
+    per_step = {"fp16": 2 * num_params, "topk": math.ceil(0.05 * num_params) * (4 + 2),
+                "int8": num_params + 4 * math.ceil(num_params / 4096)}[compression]
+    assert result.metrics["payload_bytes_per_step"] == per_step  # 390, 60 (k = 10) or 199
+    assert [s["payload_bytes"] for s in result.rank_summaries] == [per_step * 6 * epochs] * 3
 
 
 def test_timing_summary_and_an_injected_straggler_is_named(spark, caplog):
@@ -78,6 +95,10 @@ def test_no_straggler_without_injection(spark):
 
 
 def test_adasum_needs_an_mpi_or_nccl_build(spark):
+    import horovod.torch as hvd
+
+    if hvd.mpi_built():
+        pytest.skip("this Horovod is built with MPI, so adasum is allowed: the Gloo-only refusal cannot be seen here")
     df = spark.createDataFrame(synthetic_classification(80, 4, 2, seed=4))
     cfg = TrainConfig(num_workers=2, backend="horovod", epochs=1, horovod={"reduce_op": "adasum"})
     with pytest.raises(TrainingError, match=r"rank \d\] CollectiveError: horovod.reduce_op=adasum needs Horovod's MPI"):

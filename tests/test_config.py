@@ -87,3 +87,13 @@ def test_stray_flag_and_unknown_stage(capsys):
     assert code == 2 and "unrecognized arguments: --bogus" in err
     code, err = run_cli(capsys, "fly", "--config", "conf/local.yaml")
     assert code == 2 and "invalid choice: 'fly'" in err
+
+
+def test_exponent_notation_and_dotted_spark_keys(tmp_path):
+    from blocksync.pipeline.run_config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1e-3\n  weight_decay: 5E-4\n")
+    config = load_config(path, ["train.momentum=1e-1", "spark.conf.spark.task.cpus=2"])
+    assert (config.train.lr, config.train.weight_decay, config.train.momentum) == (0.001, 0.0005, 0.1)
+    assert config.spark.conf == {"spark.task.cpus": 2}

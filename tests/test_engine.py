@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,8 +13,8 @@ from blocksync import BlockInfo, ModelSpec, TrainConfig, make_blocks, train, tra
 from blocksync.engine.blocks import place_blocks
 from blocksync.pipeline.datasets import digits_frame
 from tests.conftest import synthetic_classification
-from tests.helpers import accuracy, split_standardized
-from tests.reference import collect_blocks, max_param_diff, reference_train
+from tests.helpers import accuracy, collect_blocks, split_standardized
+from tests.reference import max_param_diff, reference_train
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,8 +62,15 @@ def test_feature_formats_give_the_same_blocks(spark, blobs):
     ref = collect_blocks(make_blocks(blobs, features="features", label="label", num_workers=4, seed=1)[0], 4)
     for df, feats in ((as_columns, [f"f{i}" for i in range(8)]), (as_vector, "vec")):
         got = collect_blocks(make_blocks(df, features=feats, label="label", num_workers=4, seed=1)[0], 4)
-        for (x1, _), (x2, _) in zip(ref, got, strict=True):
-            np.testing.assert_array_equal(np.sort(x1, axis=0), np.sort(x2, axis=0))
+        for (x1, y1), (x2, y2) in zip(ref, got, strict=True):
+            # Whole rows (features and label together) in each block, whatever their order in it.
+            np.testing.assert_array_equal(sorted_rows(x1, y1), sorted_rows(x2, y2))
+
+
+def sorted_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[features..., label] rows in lexicographic order."""
+    rows = np.column_stack([x.astype(np.float64), y])
+    return rows[np.lexsort(rows.T[::-1])]
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
@@ -113,6 +122,23 @@ def test_local_sgd_k4_trains_and_stays_consistent(spark, blobs):
     digests = {s["digest"] for s in result.rank_summaries}
     assert len(digests) == 1  # all replicas identical after the final average
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+def test_local_sgd_k4_equals_the_local_sgd_reference(spark, blobs):
+    # Blocks of 51, 51, 51, 50 rows: local batches of 7 or 8 rows, so the averages are weighted unequally;
+    # momentum (per-rank optimizer state), warm-up and cosine decay; 35 steps = ceil(203 / 32) * 5, so the
+    # last average comes after step 35, off the multiples of 4.
+    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=5, batch_size=32, seed=3, sync="parameters",
+                      sync_every=4, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3,
+                      schedule="cosine", warmup_steps=3, check_every=4, model=ModelSpec(name="mlp", hidden=[16]))
+    result = train(spark, blobs, cfg)
+    assert result.metrics["steps"] == 35 and result.metrics["sync"] == "parameters"
+    blocks, _ = make_blocks(blobs, features="features", label="label", num_workers=4, seed=cfg.seed)
+    reference = reference_train(collect_blocks(blocks, 4), cfg, num_outputs=3)
+    assert max_param_diff(result.model, reference) <= 1e-5
+    # The reference really is local SGD: with K=4 it ends far from gradient-sync training on the same batches.
+    bsp = reference_train(collect_blocks(blocks, 4), dataclasses.replace(cfg, sync="gradients"), num_outputs=3)
+    assert max_param_diff(bsp, reference) > 1e-3
 
 
 @pytest.fixture(scope="module")

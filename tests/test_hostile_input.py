@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 
 def frame(rows: int = 40, **extra) -> pd.DataFrame:
@@ -37,6 +37,16 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     null_label = frame().astype({"label": "float64"})
     null_label.loc[2, "label"] = np.nan
     good = parquet("good", frame())
+    ragged = pd.DataFrame({"features": [[1.0, 2.0], [1.0, 2.0, 3.0]] * 20, "label": [0, 1] * 20})
+    empty_dir = tmp / "empty-folder"
+    empty_dir.mkdir()
+    a_file = tmp / "a-file"
+    a_file.write_text("not a folder")
+    # An executor Python that has every dependency but not blocksync (no site .pth files, so no editable install).
+    no_blocksync = tmp / "python-without-blocksync"
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    no_blocksync.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} -S "$@"\n')
+    no_blocksync.chmod(0o755)
     base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
     table = [
         ("missing feature column", [f"data.source={good}", "data.features=[a, c]"],
@@ -60,9 +70,41 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("non-existent path", [f"data.source={tmp / 'nope.parquet'}"], "does not exist; check the path"),
         ("more workers than slots", [f"data.source={good}", "train.num_workers=9"],
          "num_workers=9 but the cluster has 4 task slots"),
+        # A Spark key with dots survives the override: 2 cpus per task leave 2 slots of local[4].
+        ("spark key in an override", [f"data.source={good}", "spark.conf.spark.task.cpus=2"],
+         "num_workers=4 but the cluster has 2 task slots"),
+        ("diverging learning rate", [f"data.source={good}", "train.optimizer=sgd", "train.lr=1e30",
+                                     "train.epochs=4"], "training diverged at step 1: the all-reduced gradient"),
+        ("ragged feature arrays", [f"data.source={parquet('ragged', ragged)}", "data.features=features"],
+         "feature arrays have differing lengths (2 to 3 values)"),
+        ("empty Parquet folder", [f"data.source={empty_dir}"], "holds no parquet files (an empty folder?)"),
+        ("label among the features", [f"data.source={good}", "data.features=[a, label]"],
+         "the label column 'label' is also listed among the features"),
+        ("custom model too wide", [f"data.source={good}", "train.model.name=tests.custom_models:wide_net"],
+         "returns outputs of shape (2, 15) for a batch of 2, but this task needs (2, 3)"),
+        ("custom model too narrow", [f"data.source={good}", "train.model.name=tests.custom_models:narrow_net"],
+         "returns outputs of shape (2, 2) for a batch of 2, but this task needs (2, 3)"),
+        ("model factory that is not one", [f"data.source={good}", "train.model.name=os:system"],
+         "model.name='os:system': calling it as factory(2, 3, **model.options) failed (TypeError"),
+        ("checkpoint.dir is a file", [f"data.source={good}", f"train.checkpoint.dir={a_file}"],
+         "is a file, not a directory; choose another checkpoint.dir"),
+        ("unreachable checkpoint store", [f"data.source={good}", "train.checkpoint.dir=hdfs://127.0.0.1:9/ckpt"],
+         "train.checkpoint.dir='hdfs://127.0.0.1:9/ckpt' cannot be reached"),
+        ("executors without blocksync", [f"data.source={good}", f"spark.conf.spark.pyspark.python={no_blocksync}"],
+         "the executors' Python cannot import 'blocksync'"),
+    ]
+    # output_dir mistakes, each with its own output_dir
+    late = [
+        ("output_dir under a file", [f"data.source={good}", f"output_dir={a_file / 'run'}"],
+         "is a file, so the directory cannot be made there"),
+        ("unwritable output_dir", [f"data.source={good}", "output_dir=/proc/blocksync-run"], "cannot be written"),
+        ("output_dir is a file, with --overwrite", [f"data.source={good}", f"output_dir={a_file}", "--overwrite"],
+         "is a file, not a directory; choose another output_dir"),
+        ("empty output_dir", [f"data.source={good}", "output_dir="], "output_dir is empty"),
     ]
     return [(name, ["run", *base, f"output_dir={tmp / 'out' / str(i)}", *extra], message)
-            for i, (name, extra, message) in enumerate(table)]
+            for i, (name, extra, message) in enumerate(table)] + [(name, ["run", *base, *extra], message)
+                                                                 for name, extra, message in late]
 
 
 def checkpoint_cases(spark, tmp: Path) -> list[tuple[str, list[str], str]]:
@@ -96,7 +138,7 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
                            str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=540)
+                          timeout=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     failures = []
@@ -107,6 +149,8 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
             failures.append((name, result["code"], lines or result["stderr"][-500:]))
     assert not failures, failures
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
+    assert (tmp_path / "a-file").read_text() == "not a folder"  # not replaced, even under --overwrite
+    assert not Path("/proc/blocksync-run").exists()
 
 
 def test_invalid_rows_can_be_dropped_and_counted(spark, tmp_path):

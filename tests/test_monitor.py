@@ -101,8 +101,8 @@ def test_a_python_error_before_the_worker_ran_is_extracted():
     err = worker_error(RuntimeError(text))
     assert str(err) == ("training failed on an executor before the worker started: "
                         "ImportError: cannot import name 'thing' from 'somewhere'")
-    missing = worker_error(RuntimeError(text.replace(
-        "ImportError: cannot import name 'thing' from 'somewhere'", "ModuleNotFoundError: No module named 'blocksync'")))
+    missing = worker_error(RuntimeError(text.replace("ImportError: cannot import name 'thing' from 'somewhere'",
+                                                     "ModuleNotFoundError: No module named 'blocksync'")))
     assert missing.kind == "input"
     assert "the executors' Python cannot import 'blocksync'" in str(missing)
     assert "spark.pyspark.python" in str(missing)

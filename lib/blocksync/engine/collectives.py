@@ -2,8 +2,9 @@
 
 Every backend offers the same three operations on a flat float32 tensor:
 `allreduce_sum`, `broadcast` from a root, and `close`. The training loop fuses
-all gradients (plus the local sample count) into one buffer per step, so each
-step is exactly one collective call whatever the number of parameters.
+all gradients, each already divided by the step's global batch size, into one
+buffer per step, so each step is exactly one collective call whatever the
+number of parameters.
 
 Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`), and
 as few of them as possible: Spark answers an allGather on a once-a-second poll,
