@@ -206,7 +206,8 @@ class Trainer:
                     g.div_(count)
             self.samples_since_sync += count
             return
-        contribution = torch.cat([g.reshape(-1) for g in self.grads]) / float(self.global_batch[s_in_epoch])
+        # A step where no rank has rows (tiny blocks, small batches) exchanges zeros, not 0/0.
+        contribution = torch.cat([g.reshape(-1) for g in self.grads]) / max(float(self.global_batch[s_in_epoch]), 1.0)
         exchanged = self.compressor.exchange(to_collective(self.coll, contribution), self.step_count)
         self.traffic += torch.tensor([exchanged.payload_bytes, exchanged.wire_bytes], dtype=torch.float64)
         mean = exchanged.mean_gradient
