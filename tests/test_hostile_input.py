@@ -42,11 +42,6 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     empty_dir.mkdir()
     a_file = tmp / "a-file"
     a_file.write_text("not a folder")
-    # An executor Python that has every dependency but not blocksync (no site .pth files, so no editable install).
-    no_blocksync = tmp / "python-without-blocksync"
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    no_blocksync.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} -S "$@"\n')
-    no_blocksync.chmod(0o755)
     base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
     table = [
         ("missing feature column", [f"data.source={good}", "data.features=[a, c]"],
@@ -90,8 +85,6 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
          "is a file, not a directory; choose another checkpoint.dir"),
         ("unreachable checkpoint store", [f"data.source={good}", "train.checkpoint.dir=hdfs://127.0.0.1:9/ckpt"],
          "train.checkpoint.dir='hdfs://127.0.0.1:9/ckpt' cannot be reached"),
-        ("executors without blocksync", [f"data.source={good}", f"spark.conf.spark.pyspark.python={no_blocksync}"],
-         "the executors' Python cannot import 'blocksync'"),
     ]
     # output_dir mistakes, each with its own output_dir
     late = [
