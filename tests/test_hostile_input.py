@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -182,4 +183,34 @@ def test_horovod_missing_through_the_cli(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("blocksync:")]
     assert len(lines) == 1 and "backend 'horovod' needs Horovod 0.28.1" in lines[0]
     assert "simulated: built against another torch" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def python_without_blocksync(tmp: Path) -> Path:
+    """An executor Python with PySpark but not blocksync: no site-packages, only pyspark and py4j."""
+    pkgs = tmp / "pyspark-only"
+    pkgs.mkdir()
+    for name in ("pyspark", "py4j"):
+        (pkgs / name).symlink_to(Path(importlib.import_module(name).__file__).parent)
+    python = tmp / "python-without-blocksync"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{pkgs}:$PYTHONPATH" exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_executors_without_blocksync_get_one_line_and_the_fix(tmp_path):
+    """The real failure: the closure cannot be unpickled on the executors. Stderr is the one line
+    (the JVM's banner and Java stack traces go to Spark's log file), exit 2, nothing written."""
+    frame().to_parquet(tmp_path / "good.parquet")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [sys.executable, "-m", "blocksync.pipeline.cli", "run", "--config", "conf/local.yaml", "--quiet",
+         "train.backend=torch_gloo", f"data.source={tmp_path / 'good.parquet'}", f"output_dir={tmp_path / 'out'}",
+         f"spark.conf.spark.pyspark.python={python_without_blocksync(tmp_path)}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("blocksync: error: the executors' Python cannot import 'blocksync'")
+    assert "spark.pyspark.python" in lines[0] and "--py-files" in lines[0]
     assert not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +36,7 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         parser.add_argument("stage", choices=STAGES, help="what to run")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar; log lines only")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no progress log lines; warnings, errors and the result only")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
     return parser
 
@@ -44,7 +45,13 @@ def session_for(config):  # type: ignore[no-untyped-def]
     """The SparkSession for a run: under spark-submit its command-line settings win."""
     from pyspark.sql import SparkSession
 
-    from blocksync.pipeline.session import LOCAL_DEFAULTS, local_session
+    from blocksync.pipeline.session import (
+        LOCAL_DEFAULTS,
+        create_session,
+        jvm_log_path,
+        jvm_output_to,
+        local_session,
+    )
 
     settings = config.spark
     conf = {k: str(v) for k, v in settings.conf.items()}
@@ -62,22 +69,22 @@ def session_for(config):  # type: ignore[no-untyped-def]
                 builder = builder.config(key, value)
         return builder.getOrCreate()
     master = settings.master or "local[4]"
-    if master.startswith("local"):
-        return local_session(master, settings.app_name, conf)
-    builder = SparkSession.builder.master(master).appName(settings.app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with jvm_output_to(jvm_log_path()):  # the JVM's banner and logs go to a file, not the terminal
+        if master.startswith("local"):
+            return local_session(master, settings.app_name, conf)
+        return create_session(SparkSession.builder.master(master).appName(settings.app_name), conf)
 
 
 def execute(stage: str, args: argparse.Namespace) -> int:
     from blocksync.engine.models import check_importable
     from blocksync.pipeline import stages as pipeline
     from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.session import jvm_log_path
 
     config = load_config(args.config, args.overrides)
-    if args.quiet:
+    if args.quiet:  # no progress bar, no progress log lines: warnings, errors and the result only
         config.progress = False
+        logging.getLogger().setLevel(logging.WARNING)
     if stage == "run":  # before Spark starts: settings that would otherwise fail minutes later
         pipeline.check_settings(config, overwrite=args.overwrite)
     elif stage == "train":
@@ -103,6 +110,9 @@ def execute(stage: str, args: argparse.Namespace) -> int:
             _print_result(pipeline.run(spark, config, overwrite=args.overwrite), run_dir)
     finally:
         spark.stop()
+    log = jvm_log_path()
+    if log.exists() and run_dir.is_dir():  # a finished run keeps Spark's log with its outputs
+        shutil.move(log, run_dir / "spark.log")
     return 0
 
 
@@ -134,18 +144,25 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         if err.kind == "input":  # a rank found bad data or settings
             print(f"blocksync: error: {err}", file=sys.stderr)
             return 2
-        print(f"blocksync: failed: {err}", file=sys.stderr)
-        return 1
+        return _failed(str(err))
     except CollectiveError as err:
-        print(f"blocksync: failed: {err}", file=sys.stderr)
-        return 1
+        return _failed(str(err))
     except KeyboardInterrupt:
         print("blocksync: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # a Spark/JVM failure outside the barrier stage
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        print(f"blocksync: failed: {type(err).__name__}: {' '.join(lines[:3])[:1500]}", file=sys.stderr)
-        return 1
+        return _failed(f"{type(err).__name__}: {' '.join(lines[:3])[:1500]}")
+
+
+def _failed(message: str) -> int:
+    """A runtime failure: one line, pointing at the JVM's log where this process started the JVM."""
+    from blocksync.pipeline.session import jvm_log_path
+
+    log = jvm_log_path()
+    where = f" (Spark's log: {log})" if log.exists() else ""
+    print(f"blocksync: failed: {message}{where}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

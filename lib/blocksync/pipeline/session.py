@@ -7,9 +7,12 @@ venv's torch and Horovod are the ones the workers import.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -34,7 +37,58 @@ def local_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**LOCAL_DEFAULTS, **(conf or {})}.items():
+    conf = {**LOCAL_DEFAULTS, **(conf or {})}
+    return create_session(SparkSession.builder.master(master).appName(app_name), conf)
+
+
+def create_session(builder: SparkSession.Builder, conf: Mapping[str, str]) -> SparkSession:
+    """`builder` with `conf`, started; a spark.pyspark.python in `conf` names the executors' Python.
+
+    PySpark reads the executors' Python only from PYSPARK_PYTHON when it starts
+    the JVM itself (spark-submit is what honours spark.pyspark.python), so the
+    setting is applied to the environment while the context starts, and wins,
+    as under spark-submit.
+    """
+    for key, value in conf.items():
         builder = builder.config(key, str(value))
-    return builder.getOrCreate()
+    python = conf.get("spark.pyspark.python")
+    if not python:
+        return builder.getOrCreate()
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = str(python)
+    try:
+        return builder.getOrCreate()
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
+
+
+def jvm_log_path() -> Path:
+    """Where a CLI run started from Python sends the JVM's own output (this process's id in the name)."""
+    return Path(tempfile.gettempdir()) / f"blocksync-spark-{os.getpid()}.log"
+
+
+@contextlib.contextmanager
+def jvm_output_to(path: Path) -> Iterator[None]:
+    """Start the JVM inside this block to give it `path` as its stdout and stderr for good.
+
+    The JVM inherits file descriptors 1 and 2 when PySpark launches it, so
+    pointing them at a file for the launch keeps its start-up banner, Spark's
+    log and the executors' Python output out of the terminal, where the CLI
+    prints its own one-line errors. This process's descriptors are restored on exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
