@@ -116,8 +116,10 @@ def test_model_averaging_every_step_equals_gradient_sync(spark, blobs):
 
 
 def test_local_sgd_k4_trains_and_stays_consistent(spark, blobs):
+    # check_every=5 falls between averages (replicas differ there by design): the check waits for the
+    # next average instead of reporting a divergence.
     cfg = TrainConfig(num_workers=4, backend="horovod", epochs=6, batch_size=32, seed=5, sync="parameters",
-                      sync_every=4, optimizer="sgd", lr=0.1, check_every=4, model=ModelSpec(name="logreg"))
+                      sync_every=4, optimizer="sgd", lr=0.1, check_every=5, model=ModelSpec(name="logreg"))
     result = train(spark, blobs, cfg)
     digests = {s["digest"] for s in result.rank_summaries}
     assert len(digests) == 1  # all replicas identical after the final average

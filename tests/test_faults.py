@@ -11,6 +11,7 @@ import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
 from blocksync.engine.checkpoint import CheckpointError, step_dirs
+from blocksync.pipeline.report import steps_frame
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff
 
@@ -55,6 +56,13 @@ def test_lost_worker_is_relaunched_from_the_checkpoint_and_ends_identical(spark,
     assert max_param_diff(clean.model, faulty.model) == 0.0  # bitwise equal on CPU
     assert faulty.history == clean.history
     assert [step for step, _ in step_dirs(str(ckpt))] == [20, 25]  # the newest `keep`
+    # Metrics across the relaunch: traffic counted once per step (the checkpoint carries it), the
+    # final attempt's steps numbered from the checkpoint on.
+    assert faulty.metrics["resumed_at_step"] == 10 and clean.metrics["resumed_at_step"] == 0
+    for key in ("bytes_sent", "payload_bytes_per_step"):
+        assert faulty.metrics[key] == clean.metrics[key] > 0, key
+    steps = steps_frame(faulty.rank_summaries)
+    assert sorted(steps["step"].unique()) == list(range(11, 31)) and len(steps) == 4 * 20
 
 
 def test_a_fault_in_every_attempt_fails_after_max_restarts(spark, data, tmp_path):

@@ -115,6 +115,7 @@ class Trainer:
         # travel in checkpoints, so a resumed run reports the whole run's traffic.
         self.traffic = torch.zeros(2, dtype=torch.float64)
         self.samples_since_sync = 0.0
+        self.check_pending = False  # a replica check is due at the next step where replicas are in sync
         # Per step: start (s since this attempt's loop began), data, compute, sync, optimizer seconds.
         self.timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
         self.started = time.perf_counter()
@@ -177,7 +178,10 @@ class Trainer:
         self.timings[step] = (t_data - self.started, t_compute - t_data, t_sync - t_compute,
                               t_opt - t_sync + averaging, t_end - t_opt)
         if self.cfg.check_every and self.step_count % self.cfg.check_every == 0:
+            self.check_pending = True
+        if self.check_pending and self.in_sync():
             check_replicas(self.coll, self.model, self.step_count)
+            self.check_pending = False
         if self.rank == 0:
             loss = float(self.epoch_stats[1]) / max(float(self.epoch_stats[0]), 1.0)
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
@@ -215,11 +219,16 @@ class Trainer:
             raise self.diverged("the all-reduced gradient")
         torch.nn.utils.vector_to_parameters(mean.to(self.device), self.grads)
 
+    def in_sync(self) -> bool:
+        """Whether the replicas must be identical now: after every step in gradients mode, after each
+        averaging in parameters mode (in between, local SGD replicas differ by design)."""
+        return (self.cfg.sync == "gradients" or self.step_count % self.cfg.sync_every == 0
+                or self.step_count == self.plan.total_steps)
+
     def average_if_due(self) -> float:
         """parameters mode: every `sync_every` steps and at the end, set the sample-weighted mean of the
         replicas' parameters. Returns the seconds it took (0 when not due)."""
-        due = self.step_count % self.cfg.sync_every == 0 or self.step_count == self.plan.total_steps
-        if self.cfg.sync != "parameters" or not due:
+        if self.cfg.sync != "parameters" or not self.in_sync():
             return 0.0
         t0 = time.perf_counter()
         params = to_collective(self.coll, flat_params(self.model))

@@ -170,16 +170,22 @@ def evaluate_stage(spark: SparkSession, config: RunConfig, run_dir: Path) -> dic
     import pandas as pd
 
     plot_report(run_dir / "report.png", history, pd.read_parquet(run_dir / "steps.parquet"), metrics)
-    if config.tracking.mlflow:
-        from blocksync.pipeline.tracking import log_run
-
-        try:
-            log_run(config, run_dir, metrics, history)
-        except Exception as err:  # the run itself is done and written: keep it, say what tracking lost
-            log.warning("MLflow tracking failed (tracking.uri=%s): %s: %s; the run is kept in %s",
-                        config.tracking.uri, type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "",
-                        run_dir)
+    track(config, run_dir, metrics, history)
     return metrics
+
+
+def track(config: RunConfig, run_dir: Path, metrics: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Log the finished run to MLflow when `tracking.mlflow`; a tracking failure is a warning, not a lost run."""
+    if not config.tracking.mlflow:
+        return
+    from blocksync.pipeline.tracking import log_run
+
+    try:
+        log_run(config, run_dir, metrics, history)
+    except Exception as err:  # the run itself is done and written: keep it, say what tracking lost
+        log.warning("MLflow tracking failed (tracking.uri=%s): %s: %s; the run is kept in %s",
+                    config.tracking.uri, type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "",
+                    run_dir)
 
 
 def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> dict[str, Any]:

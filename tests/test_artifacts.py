@@ -1,0 +1,64 @@
+"""Model directories: a custom network loads only when the caller trusts the directory; tracking failures keep runs."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from blocksync import ModelSpec
+from blocksync.engine.models import build_model
+from blocksync.pipeline.artifacts import load_model, model_meta, save_model
+
+CUSTOM = ModelSpec(name="tests.custom_models:tiny_net", options={"width": 5})
+PREPARED = {"task": "classification", "feature_columns": ["a", "b", "c"], "label_column": "y", "labels": [0, 1],
+            "mean": [0.0] * 3, "std": [1.0] * 3}
+
+
+def saved(directory, spec: ModelSpec):
+    torch.manual_seed(0)
+    module = build_model(spec, 3, 2)
+    save_model(directory, module, model_meta(spec, 3, 2, PREPARED))
+    return module
+
+
+def test_a_custom_network_needs_trust_to_load(tmp_path, monkeypatch):
+    module = saved(tmp_path / "model", CUSTOM)
+    imported = []
+    import tests.custom_models as factories
+
+    monkeypatch.setattr(factories, "tiny_net", lambda *a, **k: imported.append(a) or module)
+    with pytest.raises(ValueError, match=r"names a custom network 'tests.custom_models:tiny_net': loading it imports "
+                                         r"and runs that code. If you trust this model directory, call "
+                                         r"load_model\(path, trust_custom_code=True\)"):
+        load_model(tmp_path)
+    assert imported == []  # refused before the factory ran
+    model = load_model(tmp_path, trust_custom_code=True)
+    assert imported == [(3, 2)]
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.predict(x), module(torch.from_numpy(x)).argmax(1).numpy())
+
+
+def test_a_builtin_network_loads_without_trust(tmp_path):
+    module = saved(tmp_path, ModelSpec(name="mlp", hidden=[4]))
+    x = np.ones((2, 3), dtype=np.float32)
+    np.testing.assert_array_equal(load_model(tmp_path).outputs(x),
+                                  torch.softmax(module(torch.from_numpy(x)), 1).detach().numpy())
+
+
+def test_an_unreachable_tracking_server_keeps_the_run(tmp_path, monkeypatch, caplog):
+    from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.stages import track
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    config = load_config(None, [f"output_dir={tmp_path}", "tracking.mlflow=true", "tracking.uri=http://127.0.0.1:9"])
+    (tmp_path / "metrics.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="blocksync.pipeline.stages"):
+        track(config, tmp_path, {"test_accuracy": 0.5}, [{"epoch": 1, "train_loss": 1.0}])
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("MLflow tracking failed (tracking.uri=http://127.0.0.1:9)")
+    assert f"the run is kept in {tmp_path}" in warning
+    assert (tmp_path / "metrics.json").read_text() == "{}"
