@@ -19,6 +19,7 @@ Only DataFrame operations are used, so this also runs on Spark Connect.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -46,9 +47,13 @@ def _is_vector(dtype: T.DataType) -> bool:
     return dtype.typeName() == "vector" or type(dtype).__name__ == "VectorUDT"
 
 
+def _names(features: str | list[str]) -> list[str]:
+    return [features] if isinstance(features, str) else list(features)
+
+
 def check_label_not_a_feature(features: str | list[str], label: str) -> None:
     """The label among the features would leak the answer into the inputs."""
-    names = [features] if isinstance(features, str) else list(features)
+    names = _names(features)
     if label in names:
         raise ValueError(
             f"the label column {label!r} is also listed among the features {names}; "
@@ -56,26 +61,64 @@ def check_label_not_a_feature(features: str | list[str], label: str) -> None:
         )
 
 
+# The checks and messages below serve both block sources: Spark types here (`make_blocks`),
+# Arrow types in shards.py (`plan_shards`). `where` names what was searched ("the DataFrame").
+
+def feature_names(features: str | list[str], columns: Collection[str], where: str, single: str) -> list[str]:
+    """`features` as a list of names, each one of `columns`; `single` names the one-column forms accepted."""
+    names = _names(features)
+    if not names:
+        raise ValueError(f"no feature columns given; name {single} or a list of numeric columns.")
+    missing = [n for n in names if n not in columns]
+    if missing:
+        raise ValueError(
+            f"feature column(s) {missing} not in {where} (columns: {sorted(columns)}); "
+            "fix the feature column names."
+        )
+    return names
+
+
+def array_not_numeric(name: str, kind: str) -> ValueError:
+    """A single array feature column of `kind` (its type, described) whose elements are not numbers."""
+    return ValueError(f"feature column {name!r} is {kind}; it must hold numbers.")
+
+
+def features_not_numeric(bad: dict[str, str], detail: str) -> ValueError:
+    """Feature columns (name: type) that are not numbers; `detail` ends the sentence."""
+    return ValueError(f"feature column(s) {bad} are not numeric; cast or encode them first{detail}")
+
+
+def check_label(label: str, columns: Collection[str], where: str) -> None:
+    if label not in columns:
+        raise ValueError(
+            f"label column {label!r} not in {where} (columns: {sorted(columns)}); fix the label column name."
+        )
+
+
+def label_not_numeric(label: str, kind: str) -> ValueError:
+    return ValueError(
+        f"label column {label!r} is {kind}; it must be numeric "
+        "(map string classes to indices first, e.g. with pyspark.ml.feature.StringIndexer)."
+    )
+
+
+def check_enough_rows(total: int, num_workers: int) -> None:
+    if total < num_workers:
+        raise ValueError(
+            f"only {total} training rows for num_workers={num_workers}; every block needs rows. "
+            "Lower num_workers or add data."
+        )
+
+
 def features_column(df: DataFrame, features: str | list[str]) -> Column:
     """`features` as array<float>, from an array column, an ML vector column or numeric columns."""
     schema = {f.name: f.dataType for f in df.schema.fields}
-    names = [features] if isinstance(features, str) else list(features)
-    if not names:
-        raise ValueError("no feature columns given; name an array/vector column or a list of numeric columns.")
-    missing = [n for n in names if n not in schema]
-    if missing:
-        raise ValueError(
-            f"feature column(s) {missing} not in the DataFrame (columns: {sorted(schema)}); "
-            "fix the feature column names."
-        )
+    names = feature_names(features, schema, "the DataFrame", "an array/vector column")
     if len(names) == 1:
         dtype = schema[names[0]]
         if isinstance(dtype, T.ArrayType):
             if not isinstance(dtype.elementType, _NUMERIC):
-                raise ValueError(
-                    f"feature column {names[0]!r} is array<{dtype.elementType.simpleString()}>; "
-                    "it must hold numbers."
-                )
+                raise array_not_numeric(names[0], f"array<{dtype.elementType.simpleString()}>")
             return F.col(names[0]).cast("array<float>")
         if _is_vector(dtype):
             from pyspark.ml.functions import vector_to_array
@@ -83,24 +126,15 @@ def features_column(df: DataFrame, features: str | list[str]) -> Column:
             return vector_to_array(F.col(names[0]), "float32")
     bad = {n: schema[n].simpleString() for n in names if not isinstance(schema[n], _NUMERIC)}
     if bad:
-        raise ValueError(
-            f"feature column(s) {bad} are not numeric; cast or encode them first "
-            "(features must be numbers, an array of numbers or an ML vector)."
-        )
+        raise features_not_numeric(bad, " (features must be numbers, an array of numbers or an ML vector).")
     return F.array(*[F.col(n).cast("float") for n in names])
 
 
 def label_column(df: DataFrame, label: str) -> Column:
     schema = {f.name: f.dataType for f in df.schema.fields}
-    if label not in schema:
-        raise ValueError(
-            f"label column {label!r} not in the DataFrame (columns: {sorted(schema)}); fix the label column name."
-        )
+    check_label(label, schema, "the DataFrame")
     if not isinstance(schema[label], _NUMERIC):
-        raise ValueError(
-            f"label column {label!r} is {schema[label].simpleString()}; it must be numeric "
-            "(map string classes to indices first, e.g. with pyspark.ml.feature.StringIndexer)."
-        )
+        raise label_not_numeric(label, schema[label].simpleString())
     return F.col(label).cast("double")
 
 
@@ -176,11 +210,7 @@ def make_blocks(
     null_labels = sum(int(r["null_labels"]) for r in stats)
     if null_labels:
         raise ValueError(f"{null_labels} rows have a null label; drop or fill them before training.")
-    if total < num_workers:
-        raise ValueError(
-            f"only {total} training rows for num_workers={num_workers}; every block needs rows. "
-            "Lower num_workers or add data."
-        )
+    check_enough_rows(total, num_workers)
 
     counts = {int(r["_bucket"]): int(r["n"]) for r in stats}
     offsets, running = [], 0

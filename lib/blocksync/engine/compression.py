@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from blocksync.engine.collectives import Collective
+from blocksync.engine.config import COMPRESSIONS
 
 CHUNK = 4096
-COMPRESSIONS = ("none", "fp16", "topk", "int8")
 
 
 @dataclass

@@ -8,7 +8,7 @@ with a `ValueError` that names the bad value and the fix.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Backend = Literal["horovod", "torch_gloo", "spark"]
 SyncMode = Literal["gradients", "parameters"]
@@ -17,17 +17,19 @@ ScheduleName = Literal["constant", "cosine", "step"]
 DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8"]
-
 BlockSource = Literal["shuffle", "files"]
+ReduceOp = Literal["sum", "adasum"]
+FaultMode = Literal["exit", "raise", "hang", "executor"]
+MixedPrecision = Literal["none", "bf16"]
 
-BACKENDS = ("horovod", "torch_gloo", "spark")
-BLOCK_SOURCES = ("shuffle", "files")
-SYNC_MODES = ("gradients", "parameters")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "cosine", "step")
-DEVICES = ("cpu", "cuda", "auto")
-TASKS = ("classification", "regression")
-COMPRESSIONS = ("none", "fp16", "topk", "int8")
+BACKENDS: tuple[str, ...] = get_args(Backend)
+BLOCK_SOURCES: tuple[str, ...] = get_args(BlockSource)
+SYNC_MODES: tuple[str, ...] = get_args(SyncMode)
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+DEVICES: tuple[str, ...] = get_args(DeviceName)
+TASKS: tuple[str, ...] = get_args(TaskKind)
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -77,13 +79,13 @@ class HorovodSettings:
     spark.python.worker.reuse=false (Horovod 0.28.1 segfaults re-initializing after one)."""
     cycle_time_ms: float = 1.0
     """HOROVOD_CYCLE_TIME: how often the background thread batches ready tensors (default 1 ms)."""
-    reduce_op: Literal["sum", "adasum"] = "sum"
+    reduce_op: ReduceOp = "sum"
     """`sum` (then divided by the global batch: exact averaging) or `adasum` (needs an MPI or NCCL build)."""
 
     def __post_init__(self) -> None:
         _positive("horovod.fusion_threshold_mb", self.fusion_threshold_mb)
         _positive("horovod.cycle_time_ms", self.cycle_time_ms, allow_zero=True)
-        _choice("horovod.reduce_op", self.reduce_op, ("sum", "adasum"))
+        _choice("horovod.reduce_op", self.reduce_op, get_args(ReduceOp))
 
 
 @dataclass(kw_only=True)
@@ -126,7 +128,7 @@ class FaultSettings:
     """Rank that fails at `at_step` (in the first `repeat` attempts)."""
     at_step: int = 0
     """Step (0-based, global) at which `kill_rank` fails."""
-    mode: Literal["exit", "raise", "hang", "executor"] = "exit"
+    mode: FaultMode = "exit"
     """exit: the Python worker process dies; raise: an exception; hang: the rank stops making progress;
     executor: the rank's executor JVM is killed (a lost executor or node; cluster masters only)."""
     repeat: int = 1
@@ -139,7 +141,7 @@ class FaultSettings:
 
     def __post_init__(self) -> None:
         _positive("faults.slow_ms", self.slow_ms, allow_zero=True)
-        _choice("faults.mode", self.mode, ("exit", "raise", "hang", "executor"))
+        _choice("faults.mode", self.mode, get_args(FaultMode))
         _positive("faults.at_step", self.at_step, allow_zero=True)
         _positive("faults.repeat", self.repeat)
         if self.kill_rank is not None and self.kill_rank < 0:
@@ -191,10 +193,11 @@ class TrainConfig:
     seed: int = 0
     """Seeds model init (rank 0, then broadcast), block assignment and per-epoch shuffles."""
     check_every: int = 50
-    """Steps between replica-consistency checks (parameter checksums allGathered); 0: only at the end."""
+    """Steps between replica-consistency checks (parameter digests allGathered); 0: only at the end.
+    With sync=parameters a check falls on the first averaging step at or after each multiple."""
     device: DeviceName = "auto"
     """`auto`: the GPU Spark assigned to the task if CUDA is usable, else CPU."""
-    mixed_precision: Literal["none", "bf16"] = "none"
+    mixed_precision: MixedPrecision = "none"
     """`bf16`: forward pass under torch.autocast in bfloat16 (CPU and GPU; no loss scaling needed).
     Gradients, the exchange and the optimizer stay float32, so replicas stay identical."""
     threads_per_worker: int | None = None
@@ -238,7 +241,7 @@ class TrainConfig:
         if self.faults.kill_rank is not None and self.faults.kill_rank >= self.num_workers:
             raise ValueError(f"faults.kill_rank={self.faults.kill_rank} but num_workers={self.num_workers}.")
         _choice("compression", self.compression, COMPRESSIONS)
-        _choice("mixed_precision", self.mixed_precision, ("none", "bf16"))
+        _choice("mixed_precision", self.mixed_precision, get_args(MixedPrecision))
         if not 0.0 < self.topk_ratio <= 1.0:
             raise ValueError(f"topk_ratio={self.topk_ratio} must be in (0, 1].")
         if self.straggler_factor <= 1.0:

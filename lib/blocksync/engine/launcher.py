@@ -81,6 +81,11 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def is_local(spark: SparkSession) -> bool:
+    """A local master: the tasks run inside the driver JVM (its one executor is the driver)."""
+    return not is_connect(spark) and (spark.sparkContext.master or "").startswith("local")
+
+
 def task_slots(spark: SparkSession) -> int | None:
     """Barrier tasks the cluster can run at once now, as Spark's own check counts them."""
     if is_connect(spark):
@@ -104,7 +109,7 @@ def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.
     On a cluster, executors may still be registering: wait up to `wait_seconds`.
     In local mode the slots are fixed, so there is nothing to wait for.
     """
-    if not is_connect(spark) and (spark.sparkContext.master or "").startswith("local"):
+    if is_local(spark):
         wait_seconds = 0.0
     deadline = time.monotonic() + wait_seconds
     slots = task_slots(spark)
@@ -120,9 +125,7 @@ def check_slots(spark: SparkSession, num_workers: int, wait_seconds: float = 30.
 
 def check_fault_mode(spark: SparkSession, config: TrainConfig) -> None:
     """faults.mode=executor kills the executor JVM; in local mode that JVM is the driver."""
-    if config.faults.kill_rank is None or config.faults.mode != "executor" or is_connect(spark):
-        return
-    if (spark.sparkContext.master or "").startswith("local"):
+    if config.faults.kill_rank is not None and config.faults.mode == "executor" and is_local(spark):
         raise ValueError(
             "faults.mode=executor kills the rank's executor JVM, which in local mode is the driver itself; "
             "use a cluster master (standalone, YARN, Kubernetes) or faults.mode=exit."

@@ -39,10 +39,16 @@ import pyarrow.types as pat
 from blocksync.engine.blocks import (
     LABEL,
     BlockInfo,
+    array_not_numeric,
+    check_enough_rows,
+    check_label,
     check_label_not_a_feature,
+    feature_names,
+    features_not_numeric,
     label_aggregates,
     label_column,
     label_facts,
+    label_not_numeric,
 )
 
 
@@ -80,27 +86,23 @@ def _is_list(kind: pa.DataType) -> bool:
     return pat.is_list(kind) or pat.is_large_list(kind) or pat.is_fixed_size_list(kind)
 
 
+def _is_number(kind: pa.DataType) -> bool:
+    return pat.is_integer(kind) or pat.is_floating(kind)
+
+
 def _feature_columns(schema: pa.Schema, features: str | list[str]) -> list[str]:
-    names = [features] if isinstance(features, str) else list(features)
-    if not names:
-        raise ValueError("no feature columns given; name an array column or a list of numeric columns.")
-    missing = [n for n in names if n not in schema.names]
-    if missing:
-        raise ValueError(
-            f"feature column(s) {missing} not in the Parquet files (columns: {sorted(schema.names)}); "
-            "fix the feature column names."
-        )
+    names = feature_names(features, schema.names, "the Parquet files", "an array column")
     types = {n: schema.field(n).type for n in names}
     if len(names) == 1 and _is_list(types[names[0]]):
         value_type = types[names[0]].value_type
-        if not (pat.is_integer(value_type) or pat.is_floating(value_type)):
-            raise ValueError(f"feature column {names[0]!r} is a list of {value_type}; it must hold numbers.")
+        if not _is_number(value_type):
+            raise array_not_numeric(names[0], f"a list of {value_type}")
         return names
-    bad = {n: str(t) for n, t in types.items() if not (pat.is_integer(t) or pat.is_floating(t))}
+    bad = {n: str(t) for n, t in types.items() if not _is_number(t)}
     if bad:
         hint = (" An ML vector column cannot be read from the files; store features as array<float> "
                 "or train with blocks=shuffle.") if any(pat.is_struct(types[n]) for n in bad) else ""
-        raise ValueError(f"feature column(s) {bad} are not numeric; cast or encode them first.{hint}")
+        raise features_not_numeric(bad, f".{hint}")
     return names
 
 
@@ -136,27 +138,16 @@ def plan_shards(
     check_label_not_a_feature(features, label)
     dataset = _dataset(paths)
     columns = _feature_columns(dataset.schema, features)
-    if label not in dataset.schema.names:
-        raise ValueError(
-            f"label column {label!r} not in the Parquet files (columns: {sorted(dataset.schema.names)}); "
-            "fix the label column name."
-        )
+    check_label(label, dataset.schema.names, "the Parquet files")
     kind = dataset.schema.field(label).type
-    if not (pat.is_integer(kind) or pat.is_floating(kind)):
-        raise ValueError(
-            f"label column {label!r} is {kind}; it must be numeric "
-            "(map string classes to indices first, e.g. with pyspark.ml.feature.StringIndexer)."
-        )
+    if not _is_number(kind):
+        raise label_not_numeric(label, str(kind))
     fragments = sorted(dataset.get_fragments(), key=lambda f: f.path)
     groups = [(f.path, rg) for f in fragments for rg in f.row_groups if rg.num_rows]
     total = sum(rg.num_rows for _, rg in groups)
     if total == 0:
         raise ValueError(f"the Parquet files at {paths!r} hold 0 rows; check the path.")
-    if total < num_workers:
-        raise ValueError(
-            f"only {total} training rows for num_workers={num_workers}; every block needs rows. "
-            "Lower num_workers or add data."
-        )
+    check_enough_rows(total, num_workers)
     num_features = _num_features(dataset, columns)
     if num_features == 0:
         raise ValueError("feature arrays are empty or null in the first row; every row needs features.")

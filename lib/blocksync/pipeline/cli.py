@@ -36,7 +36,8 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         parser.add_argument("stage", choices=STAGES, help="what to run")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no progress log lines; warnings, errors and the result only")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar and no progress log lines; warnings, errors and the result only")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
     return parser
 

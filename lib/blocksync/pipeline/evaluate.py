@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from blocksync.engine.blocks import FEATURES, LABEL
 from blocksync.engine.config import ModelSpec
+from blocksync.engine.launcher import is_connect
 from blocksync.pipeline.artifacts import SavedModel
 
 
@@ -32,8 +33,7 @@ def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
     """`df` (features, label) plus `prediction` and, for classification, `probability` (array<double>)."""
     meta = saved.meta
     blob = _weights_bytes(saved)
-    is_classic = not type(spark).__module__.startswith("pyspark.sql.connect")
-    holder: Any = spark.sparkContext.broadcast(blob) if is_classic else None
+    holder: Any = None if is_connect(spark) else spark.sparkContext.broadcast(blob)
     classification = saved.task == "classification"
 
     def scorer(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
