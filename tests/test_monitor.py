@@ -106,3 +106,44 @@ def test_a_python_error_before_the_worker_ran_is_extracted():
     assert missing.kind == "input"
     assert "the executors' Python cannot import 'blocksync'" in str(missing)
     assert "spark.pyspark.python" in str(missing)
+
+
+# A worker process that dies in native code: the message a C++ abort prints, then SIGABRT, as Gloo does.
+DYING_WORKER = r"""
+import os, sys, time
+from blocksync.engine.last_words import StderrRelay
+from blocksync.engine.progress import Heartbeat
+beat = Heartbeat(sys.argv[1], 1)
+beat.at(4, "sync")
+beat.flush()
+relay = StderrRelay(sys.argv[1], 1)
+print("a warning from some library", file=sys.stderr, flush=True)
+os.write(2, b"terminate called after throwing an instance of 'gloo::IoException'\n"
+            b"  what():  [gloo/transport/tcp/pair.cc:799] connect [127.0.0.1]:41875: Connection refused\n")
+time.sleep(0.2)
+os.abort()
+"""
+
+
+@pytest.mark.parametrize("dies_with_words", [True, False])
+def test_a_native_abort_reaches_the_user_as_its_own_message(tmp_path, dies_with_words):
+    import subprocess
+    import sys
+
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False)
+    script = DYING_WORKER if dies_with_words else DYING_WORKER.replace("os.write(2", "0 and os.write(2")
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, monitor.address], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode < 0  # killed by SIGABRT
+        assert "what():  [gloo" in proc.stderr or not dies_with_words  # the relay still copies to the real stderr
+        wait_for(lambda: monitor.failure is not None)
+        error = worker_error(RuntimeError("Python worker exited unexpectedly (crashed)"), monitor)
+    finally:
+        monitor.close()
+    if dies_with_words:
+        assert str(error) == ("training failed: rank 1's Python worker died: [gloo/transport/tcp/pair.cc:799] "
+                              "connect [127.0.0.1]:41875: Connection refused (its last heartbeat was at step 4, sync)")
+    else:  # no native message: the plain account, with the last thing it printed
+        assert str(error) == ("training failed: rank 1's Python worker ended without finishing; its last heartbeat "
+                              "was at step 4 (sync); the last line on its stderr: a warning from some library")

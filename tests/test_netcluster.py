@@ -4,6 +4,8 @@ worker on each, ranks on distinct addresses. Skipped where namespaces cannot be 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,12 @@ SETTINGS = dict(num_workers=3, epochs=2, batch_size=48, optimizer="adam", lr=0.0
 # One executor of one core per host: each rank on its own host.
 ONE_PER_HOST = {"spark.executor.cores": "1", "spark.executor.memory": "768m", "spark.cores.max": "3",
                 "spark.ui.enabled": "false", "spark.python.worker.reuse": "false"}
+
+
+# A task address that is a hostname resolving to loopback still gets the interface that reaches the peers.
+PROBE = ("import socket; from blocksync.engine.collectives import interface_for, local_address; "
+         "n = socket.gethostname(); peers = ['host2', 'host3']; "
+         "print(n, socket.gethostbyname(n), local_address(n, peers), interface_for(n, None, peers))")
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +54,22 @@ def test_three_hosts_train_like_local_mode(tmp_path, data, local_runs, hostnames
     Horovod 0.28.1 pairs its process-set context over loopback and cannot connect."""
     out = tmp_path / "report.json"
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
-                "backends": ["horovod", "torch_gloo"]}
+                "backends": ["horovod", "torch_gloo"], "abort_check": hostnames == "own"}
     with NetCluster(tmp_path, hosts=3, hostnames=hostnames).start() as net:
         proc = net.submit(str(REPO / "tests" / "jobs" / "netcluster_job.py"), str(out), data, json.dumps(settings),
                           conf=ONE_PER_HOST, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         hosts = {net.address(h) for h in (1, 2, 3)}
+        # What a process on host 1 sees: its name, what the name resolves to, and what blocksync picks.
+        probe = net.run(1, sys.executable, "-c", PROBE, timeout=60)
+        assert probe.returncode == 0, probe.stderr
+        own_ip = "127.0.1.1" if hostnames == "loopback" else net.address(1)
+        assert probe.stdout.split() == ["host1", own_ip, net.address(1), net.veth(1)]
     report = json.loads(out.read_text())
+    if hostnames == "own":
+        # A Gloo abort inside a worker reaches the user as Gloo's own message, naming the rank.
+        assert re.match(r"training failed: rank \d's Python worker died: \[gloo/transport/tcp/pair.cc:\d+\] "
+                        r"connect \[127.0.0.1\]:\d+", report.pop("abort") or ""), report.get("abort")
     for backend, run in report.items():
         addresses = {a.split(":")[0] for a in run["task_addresses"]}
         assert addresses == hosts, (backend, run["task_addresses"])  # one rank per host

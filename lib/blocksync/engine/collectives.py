@@ -64,14 +64,40 @@ def task_hosts(ctx: Coordinator) -> list[str]:
     return [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
 
 
-def interface_for(address: str, configured: str | None) -> str:
-    """The NIC Gloo should use: configured, else the one holding the task's address."""
+def local_address(address: str, peers: list[str]) -> str:
+    """This task's IP address for talking to `peers`.
+
+    Normally `address` itself, resolved. A task address may be a hostname that
+    resolves to loopback on its own host (Debian maps the hostname to 127.0.1.1)
+    while the peers reach it over the network; then the address is the one the
+    kernel would send from towards the first peer that is not loopback (a UDP
+    connect sends nothing).
+    """
+    ip = _resolve(address)
+    if not ip.startswith("127."):
+        return ip
+    for peer in peers:
+        peer_ip = _resolve(peer)
+        if peer_ip.startswith("127."):
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer_ip, 9))
+            return str(probe.getsockname()[0])
+    return ip
+
+
+def _resolve(name: str) -> str:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
+
+
+def interface_for(address: str, configured: str | None, peers: list[str] | None = None) -> str:
+    """The NIC Gloo should use: configured, else the one holding the task's address (see `local_address`)."""
     if configured:
         return configured
-    try:
-        ip = socket.gethostbyname(address)
-    except OSError:
-        ip = address
+    ip = local_address(address, peers or [])
     if ip.startswith("127."):
         return "lo"
     import psutil
@@ -158,14 +184,14 @@ class Rendezvous:
             from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
             # Horovod's own RendezvousServer binds every interface; we bind only the task's address.
-            self.server = RendezvousHTTPServer((self.hosts[0], 0), RendezvousHandler, 0)
+            self.server = RendezvousHTTPServer((local_address(self.hosts[0], self.hosts), 0), RendezvousHandler, 0)
             self.server.init(horovod_slots(self.hosts))
             threading.Thread(target=self.server.serve_forever, name="hvd-rendezvous", daemon=True).start()
             self.port = int(self.server.server_address[1])
         elif backend == "torch_gloo":
             import torch.distributed as dist
 
-            self.server = dist.TCPStore(self.hosts[0], 0, len(self.hosts), is_master=True,
+            self.server = dist.TCPStore(local_address(self.hosts[0], self.hosts), 0, len(self.hosts), is_master=True,
                                         timeout=timedelta(seconds=timeout_seconds), wait_for_workers=False)
             self.port = int(self.server.port)
 
@@ -224,7 +250,7 @@ class TorchGlooCollective(Collective):
         self._dist = dist
         if dist.is_initialized():  # a previous task in this reused Python worker
             dist.destroy_process_group()
-        os.environ["GLOO_SOCKET_IFNAME"] = interface_for(hosts[rank], interface)
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_for(hosts[rank], interface, hosts)
         timeout = timedelta(seconds=timeout_seconds)
         # Rank 0's store server is the rendezvous' own object, so it can be closed
         # once the group is up; every rank (rank 0 included) joins as a client.
@@ -316,7 +342,7 @@ class HorovodCollective(Collective):
             HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
             HOROVOD_CONTROLLER="gloo",
             HOROVOD_CPU_OPERATIONS="gloo",
-            HOROVOD_GLOO_IFACE=interface_for(my_host, interface),
+            HOROVOD_GLOO_IFACE=interface_for(my_host, interface, hosts),
             HOROVOD_GLOO_TIMEOUT_SECONDS=str(timeout_seconds),
             HOROVOD_CYCLE_TIME=str(cycle_time_ms),
             HOROVOD_HOSTNAME=my_host,

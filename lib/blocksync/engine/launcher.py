@@ -180,8 +180,9 @@ def worker_error(err: BaseException, monitor: RunMonitor | None = None) -> Train
     function ran (the executors' Python cannot unpickle it) leaves a plain
     Python traceback inside the Java one: its last line is the cause.
     """
-    if monitor is not None and monitor.failure:  # the first event: later errors of other ranks are its consequences
-        return TrainingError(f"training failed: {monitor.failure}", monitor.failure_kind)
+    failure = monitor.failure_text() if monitor is not None else None
+    if failure and monitor is not None:  # the first event: later errors of other ranks are its consequences
+        return TrainingError(f"training failed: {failure}", monitor.failure_kind)
     text = str(err)
     # The kind tag is for the driver; the user reads "[blocksync rank R] Type: message".
     ranked = list(dict.fromkeys(re.sub(r" kind=\w+\]", "]", m.group(0)) for m in _RANK_LINE.finditer(text)))

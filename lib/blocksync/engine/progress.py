@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from blocksync.engine.last_words import fatal_line
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 0.5
@@ -52,6 +54,10 @@ class RunMonitor:
         self.failure_kind = "runtime"
         """`input` when the first failure was a rank's bad data or settings (see worker), else `runtime`."""
         self.last_progress: dict[str, Any] = {}
+        self.ended_rank: int | None = None
+        """The rank whose process ended without finishing, when that was the first failure."""
+        self.last_words: dict[int, list[str]] = {}
+        """Per rank, the last stderr lines its relay sent when the rank's process ended."""
         self._lock = threading.Lock()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.25)
@@ -83,6 +89,9 @@ class RunMonitor:
             for line in lines:
                 try:
                     msg = json.loads(line)
+                    if "last_words" in msg:  # a rank's stderr relay (see last_words), not its heartbeat
+                        self.last_words[int(msg["rank"])] = [str(w) for w in msg["last_words"]]
+                        continue
                     rank = int(msg["rank"])
                     msg["step"], msg["phase"] = int(msg["step"]), str(msg["phase"])
                     self._heartbeat(rank, msg)
@@ -95,6 +104,26 @@ class RunMonitor:
                 if not state["done"] and self.failure is None and not self._stop.is_set():
                     self.failure = (f"rank {rank}'s Python worker ended without finishing; its last heartbeat "
                                     f"was at step {state['step']} ({state['phase']})")
+                    self.ended_rank = rank
+
+    def failure_text(self, wait_seconds: float = 2.0) -> str | None:
+        """The first failure. A rank whose process died is described by what it printed as it died
+        (its stderr relay reports a moment after the heartbeat connection drops, hence the wait)."""
+        rank = self.ended_rank
+        if rank is None or self.failure is None:
+            return self.failure
+        deadline = time.monotonic() + wait_seconds
+        while rank not in self.last_words and time.monotonic() < deadline:
+            time.sleep(0.05)
+        words = self.last_words.get(rank, [])
+        fatal = fatal_line(words)
+        if fatal:
+            state = self.ranks[rank]
+            return (f"rank {rank}'s Python worker died: {fatal[:1500]} (its last heartbeat was at step "
+                    f"{state['step']}, {state['phase']})")
+        if words:
+            return f"{self.failure}; the last line on its stderr: {words[-1][:500]}"
+        return self.failure
 
     def _heartbeat(self, rank: int, msg: dict[str, Any]) -> None:
         now = time.monotonic()

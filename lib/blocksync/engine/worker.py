@@ -63,6 +63,7 @@ import torch
 from blocksync.engine.block_data import arrow_to_block
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.shards import ShardPlan, read_block
 from blocksync.engine.trainer import Trainer, params_digest
@@ -155,6 +156,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
     cfg = plan.config
     rank = ctx.partitionId()
     beat = Heartbeat(plan.monitor_address, rank)
+    relay = StderrRelay(plan.monitor_address, rank)  # a native abort's message reaches the driver
     finished, error, kind = False, None, "runtime"
     try:
         threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
@@ -187,6 +189,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         raise
     finally:
         beat.close(done=finished, error=error, kind=kind)
+        relay.close()
 
 
 def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> tuple[np.ndarray, np.ndarray, str]:
