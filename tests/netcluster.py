@@ -194,12 +194,23 @@ class NetCluster:
     def submit(self, script: str, *args: str, conf: dict[str, str], timeout: float,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """spark-submit `script` from the driver host, in client mode."""
+        return self.run(0, *self._submit_command(script, *args, conf=conf), timeout=timeout, env=env)
+
+    def submit_background(self, script: str, *args: str, conf: dict[str, str], log: Path) -> subprocess.Popen:
+        """Like `submit`, returning at once (stop() ends it too); its output goes to `log`."""
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(self.command(0, *self._submit_command(script, *args, conf=conf)),
+                                    env=self.env(0), stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def _submit_command(self, script: str, *args: str, conf: dict[str, str]) -> list[str]:
         driver = self.address(0)
         cmd = [str(self.home / "bin" / "spark-submit"), "--master", self.master_url,
                "--conf", f"spark.driver.host={driver}", "--conf", f"spark.driver.bindAddress={driver}"]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
-        return self.run(0, *cmd, script, *args, timeout=timeout, env=env)
+        return [*cmd, script, *args]
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

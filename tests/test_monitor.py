@@ -147,3 +147,26 @@ def test_a_native_abort_reaches_the_user_as_its_own_message(tmp_path, dies_with_
     else:  # no native message: the plain account, with the last thing it printed
         assert str(error) == ("training failed: rank 1's Python worker ended without finishing; its last heartbeat "
                               "was at step 4 (sync); the last line on its stderr: a warning from some library")
+
+
+def test_a_rank_whose_heartbeats_stop_is_named_as_cut_off():
+    """A pulled cable: every rank waits at the same step inside the collective, but only the cut-off
+    rank's heartbeats stop arriving. The watchdog names it and its host."""
+    stalls = []
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False, stall_seconds=1.0,
+                         on_stall=lambda: stalls.append(time.monotonic()))
+    beat = json.dumps({"rank": 0, "step": 3, "phase": "sync"})
+    try:
+        with connect(monitor) as rank0, connect(monitor) as rank1:
+            send(rank1, json.dumps({"rank": 1, "step": 3, "phase": "sync"}))
+            started = time.monotonic()
+            while not stalls and time.monotonic() - started < 10:  # rank 0 keeps beating, rank 1 is silent
+                send(rank0, beat)
+                time.sleep(0.5)
+            failure = monitor.failure
+    finally:
+        monitor.close()
+    assert stalls, "the watchdog never fired"
+    assert failure is not None and failure.startswith("stalled: rank 1 on 127.0.0.1 at step 3 (sync), silent for ")
+    assert "its heartbeats stopped while the other ranks' arrive" in failure
+    assert 3.0 <= stalls[0] - started <= 3.0 + 1.5  # SILENT_SECONDS, plus the watchdog tick and a beat

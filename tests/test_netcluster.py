@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,39 @@ def test_three_hosts_train_like_local_mode(tmp_path, data, local_runs, hostnames
         diff = max(float((torch.tensor(p) - q).abs().max()) for p, q in
                    zip(run["params"], local_runs[backend], strict=True))
         assert diff <= 1e-5, (backend, diff)
+
+
+def wait_for_file(path: Path, proc, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, f"the job ended before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear within {seconds} s"
+        time.sleep(0.1)
+
+
+def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path, data):
+    step_seconds = 6
+    settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
+                "epochs": 8, "backend": "torch_gloo", "timeouts": {"step_seconds": step_seconds}}
+    out, log = tmp_path / "report.json", tmp_path / "job.log"
+    with NetCluster(tmp_path, hosts=3).start() as net:
+        proc = net.submit_background(str(REPO / "tests" / "jobs" / "netfault_job.py"), str(out), data,
+                                     json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+        # Run 2: cut host 2 after the step-5 checkpoint; restarts exhausted, it must fail naming that host.
+        wait_for_file(tmp_path / "ckpt-exhaust" / "step-000000005" / "manifest.json", proc, 300)
+        net.set_link(2, up=False)
+        wait_for_file(tmp_path / "exhausted.json", proc, 120)
+        net.set_link(2, up=True)
+        # Run 3: the same cut, the link back after the watchdog fired; the relaunch must finish the run.
+        wait_for_file(tmp_path / "ckpt-relaunch" / "step-000000005" / "manifest.json", proc, 300)
+        net.set_link(2, up=False)
+        time.sleep(step_seconds + 8)
+        net.set_link(2, up=True)
+        proc.wait(timeout=400)
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    report = json.loads(out.read_text())
+    assert re.match(rf"training failed: stalled: rank \d on {re.escape(net.address(2))} at step \d+ \(sync\), "
+                    r"silent for [\d.]+ s: its heartbeats stopped", report["exhausted"] or ""), report["exhausted"]
+    assert min(report["resumed_at"]) >= 5 and len(set(report["resumed_at"])) == 1, report["resumed_at"]
+    assert report["max_param_diff"] == 0.0  # bitwise equal to the clean run on CPU
+    assert report["faulty_history"] == report["clean_history"]

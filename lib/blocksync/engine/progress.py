@@ -34,6 +34,8 @@ from blocksync.engine.last_words import fatal_line
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 0.5
+SILENT_SECONDS = 3.0
+"""A rank's heartbeats missing this long (6 beats) while others' arrive: it is cut off."""
 
 
 class RunMonitor:
@@ -85,6 +87,7 @@ class RunMonitor:
 
     def _read(self, conn: socket.socket) -> None:
         rank = None
+        host = str(conn.getpeername()[0])
         with conn, conn.makefile("r", errors="replace") as lines:
             for line in lines:
                 try:
@@ -94,7 +97,7 @@ class RunMonitor:
                         continue
                     rank = int(msg["rank"])
                     msg["step"], msg["phase"] = int(msg["step"]), str(msg["phase"])
-                    self._heartbeat(rank, msg)
+                    self._heartbeat(rank, msg, host)
                 except (ValueError, KeyError, TypeError) as err:
                     # One bad line must not end this rank's reader: the next one may be fine.
                     log.warning("run monitor: ignoring a malformed heartbeat (%s): %.200r", err, line)
@@ -125,10 +128,11 @@ class RunMonitor:
             return f"{self.failure}; the last line on its stderr: {words[-1][:500]}"
         return self.failure
 
-    def _heartbeat(self, rank: int, msg: dict[str, Any]) -> None:
+    def _heartbeat(self, rank: int, msg: dict[str, Any], host: str = "") -> None:
         now = time.monotonic()
         with self._lock:
             state = self.ranks.setdefault(rank, {"step": -1, "phase": "", "changed": now, "done": False})
+            state.update(seen=now, host=host)
             if (msg["step"], msg["phase"]) != (state["step"], state["phase"]):
                 state.update(step=msg["step"], phase=msg["phase"], changed=now)
             state["done"] = state["done"] or bool(msg.get("done"))
@@ -181,16 +185,32 @@ class RunMonitor:
         # Loading and collective start-up are bounded by _startup_overdue.
         if self.stall_seconds is None or not active or any(s["phase"] in ("load", "startup") for s in active.values()):
             return None
-        idle = time.monotonic() - max(s["changed"] for s in active.values())
+        now = time.monotonic()
+        idle = now - max(s["changed"] for s in active.values())
         if idle <= self.stall_seconds:
             return None
+        # A rank whose heartbeats stopped arriving while the others' still do is cut off: its host or
+        # its network is down, and the others wait for it inside the collective.
+        silent = [r for r, s in active.items() if now - s["seen"] > SILENT_SECONDS]
+        if silent and len(silent) < len(active):
+            where = ", ".join(f"rank {r}{self._on(r)} at step {active[r]['step']} ({active[r]['phase']}), silent "
+                              f"for {now - active[r]['seen']:.1f} s" for r in sorted(silent))
+            return (f"stalled: {where}: its heartbeats stopped while the other ranks' arrive, so its host or "
+                    f"network is down; no rank made progress for {idle:.1f} s "
+                    f"(timeouts.step_seconds={self.stall_seconds:g})")
         stalled = [r for r, s in active.items() if s["phase"] != "sync"]
+        if not stalled and idle <= SILENT_SECONDS:
+            return None  # all wait inside the collective: give a cut-off rank time to show by its silence
         if not stalled:
             low = min(s["step"] for s in active.values())
             stalled = [r for r, s in active.items() if s["step"] == low]
         where = ", ".join(f"rank {r} at step {active[r]['step']} ({active[r]['phase']})" for r in sorted(stalled))
         return (f"stalled: {where}; no rank made progress for {idle:.1f} s "
                 f"(timeouts.step_seconds={self.stall_seconds:g})")
+
+    def _on(self, rank: int) -> str:
+        host = self.ranks[rank].get("host")
+        return f" on {host}" if host else ""
 
     def close(self) -> None:
         self._stop.set()
