@@ -6,6 +6,7 @@ What a multi-host problem needs, reproducible on one root machine:
         proc = net.submit("tests/jobs/netcluster_job.py", out, conf={...})
         net.shape(1, "100mbit")        # host 1's egress through tc tbf
         net.set_link(2, up=False)      # host 2's cable pulled
+        s3_env = net.start_s3()        # an S3 server (moto) on the driver host
 
 Layout (P is a per-run prefix, so parallel runs never share anything):
 
@@ -176,6 +177,21 @@ class NetCluster:
             self.stop()
             raise
         return self
+
+    def start_s3(self, host: int = 0, port: int = 5000, timeout: float = 60.0) -> dict[str, str]:
+        """An S3-compatible object store (moto's server) on `host`; the environment that reaches it."""
+        log = open(self.workdir / "s3.log", "wb")  # noqa: SIM115 (closed with the process)
+        cmd = self.command(host, sys.executable, "-m", "moto.server", "-H", self.address(host), "-p", str(port))
+        self.procs.append(subprocess.Popen(cmd, env=self.env(host), stdout=log, stderr=subprocess.STDOUT))
+        s3_env = {"AWS_ENDPOINT_URL": f"http://{self.address(host)}:{port}", "AWS_ACCESS_KEY_ID": "blocksync",
+                  "AWS_SECRET_ACCESS_KEY": "blocksync", "AWS_DEFAULT_REGION": "us-east-1"}
+        probe = f"import urllib.request as u; u.urlopen({s3_env['AWS_ENDPOINT_URL']!r}, timeout=2)"
+        deadline = time.monotonic() + timeout
+        while self.run(host, sys.executable, "-c", probe, timeout=30).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the S3 server did not come up; see {self.workdir / 's3.log'}")
+            time.sleep(0.5)
+        return s3_env
 
     def alive_workers(self) -> int:
         url = f"http://{self.address(0)}:{MASTER_UI_PORT}/json/"

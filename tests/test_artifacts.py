@@ -62,3 +62,13 @@ def test_an_unreachable_tracking_server_keeps_the_run(tmp_path, monkeypatch, cap
     assert warning.startswith("MLflow tracking failed (tracking.uri=http://127.0.0.1:9)")
     assert f"the run is kept in {tmp_path}" in warning
     assert (tmp_path / "metrics.json").read_text() == "{}"
+
+
+def test_checkpoint_locations_keep_their_filesystem(tmp_path):
+    """A resumed rank on another host opens the location it is given: it must still name the object store."""
+    from blocksync.engine.checkpoint import child
+
+    assert child("s3://bucket/ckpt/", "step-000000010") == "s3://bucket/ckpt/step-000000010"
+    assert (child("s3://b/ckpt?endpoint_override=10.0.0.1:9000&scheme=http", "step-000000010")
+            == "s3://b/ckpt/step-000000010?endpoint_override=10.0.0.1:9000&scheme=http")
+    assert child(str(tmp_path / "x" / ".." / "c"), "step-1") == str(tmp_path / "c" / "step-1")

@@ -114,3 +114,24 @@ def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path,
     assert min(report["resumed_at"]) >= 5 and len(set(report["resumed_at"])) == 1, report["resumed_at"]
     assert report["max_param_diff"] == 0.0  # bitwise equal to the clean run on CPU
     assert report["faulty_history"] == report["clean_history"]
+
+
+def test_checkpoints_on_an_s3_server_on_another_host_survive_a_lost_worker(tmp_path, data):
+    settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
+                "epochs": 3, "backend": "horovod"}
+    out = tmp_path / "report.json"
+    with NetCluster(tmp_path, hosts=3).start() as net:
+        s3_env = net.start_s3(host=0)
+        conf = {**ONE_PER_HOST, **{f"spark.executorEnv.{k}": v for k, v in s3_env.items()}}
+        proc = net.submit(str(REPO / "tests" / "jobs" / "s3_job.py"), str(out), data, json.dumps(settings),
+                          conf=conf, env=s3_env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["resumed_at"] == [10, 10, 10], report  # from the step-10 checkpoint, read back from S3
+    assert report["max_param_diff"] == 0.0 and report["same_history"]
+    # The newest two checkpoints, each committed by its manifest (written last; no renames on S3).
+    steps = sorted({p.split("/")[2] for p in report["checkpoint_objects"]})
+    assert steps == ["step-000000030", "step-000000035"], report["checkpoint_objects"]  # of 39 steps
+    for step in steps:
+        names = {p.rsplit("/", 1)[1] for p in report["checkpoint_objects"] if f"/{step}/" in p}
+        assert names == {"manifest.json", "state.safetensors", *(f"rank-{r:05d}.safetensors" for r in range(3))}

@@ -53,8 +53,17 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         return src.read()
 
 
+def child(uri: str, name: str) -> str:
+    """`uri`/`name`, keeping the scheme and any query (s3://bucket/ckpt?endpoint_override=...)."""
+    if "://" not in uri:
+        return str(Path(uri).resolve() / name)
+    base, sep, query = uri.partition("?")
+    return f"{base.rstrip('/')}/{name}{sep}{query}"
+
+
 def step_dirs(uri: str) -> list[tuple[int, str]]:
-    """(step, path) of every committed checkpoint, oldest first."""
+    """(step, location) of every committed checkpoint, oldest first; a location is a URI when `uri` is one,
+    so that whoever reads it next (an executor on another host) opens the same filesystem."""
     fs, root = filesystem(uri)
     if fs.get_file_info(root).type == pafs.FileType.NotFound:
         return []
@@ -63,7 +72,7 @@ def step_dirs(uri: str) -> list[tuple[int, str]]:
         match = _STEP_DIR.match(info.base_name)
         committed = match and fs.get_file_info(f"{info.path}/{MANIFEST}").type == pafs.FileType.File
         if match and committed:
-            found.append((int(match.group(1)), info.path))
+            found.append((int(match.group(1)), child(uri, info.base_name)))
     return sorted(found)
 
 
@@ -137,8 +146,8 @@ def write(
     manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
                 "scheduler": scheduler.state_dict(), "history": history}
     _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())  # the commit point
-    for _, old in step_dirs(uri)[:-keep]:
-        fs.delete_dir(old)
+    for step_done, _ in step_dirs(uri)[:-keep]:
+        fs.delete_dir(f"{root}/step-{step_done:09d}")
 
 
 def read(path: str, rank: int | None = None) -> Snapshot:
