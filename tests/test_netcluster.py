@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,3 +136,37 @@ def test_checkpoints_on_an_s3_server_on_another_host_survive_a_lost_worker(tmp_p
     for step in steps:
         names = {p.rsplit("/", 1)[1] for p in report["checkpoint_objects"] if f"/{step}/" in p}
         assert names == {"manifest.json", "state.safetensors", *(f"rank-{r:05d}.safetensors" for r in range(3))}
+
+
+def python_listeners(net: NetCluster, host: int) -> list[str]:
+    """Local addresses of the TCP sockets Python processes listen on, on `host` (ss in its namespace)."""
+    proc = subprocess.run(["ip", "netns", "exec", net.ns(host), "ss", "-Hltnp"], capture_output=True, text=True,
+                          check=True)
+    return [line.split()[3] for line in proc.stdout.splitlines() if "python" in line]
+
+
+def test_after_start_up_workers_listen_only_on_their_task_address(tmp_path, data):
+    """torch's TCPStore listens on every interface while the group forms (torch offers no bind address);
+    blocksync closes it once every rank has joined. After that, from step 5 on, every socket a Python
+    process listens on is bound to its host's own address (Gloo pairs) or to 127.0.0.1 (PySpark's daemon)."""
+    settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]}}
+    out, log = tmp_path / "report.json", tmp_path / "job.log"
+    seen: dict[str, dict[int, list[str]]] = {}
+    with NetCluster(tmp_path, hosts=3).start() as net:
+        proc = net.submit_background(str(REPO / "tests" / "jobs" / "exposure_job.py"), str(out), data,
+                                     json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+        for backend in ("torch_gloo", "horovod"):
+            wait_for_file(tmp_path / f"ckpt-{backend}" / "step-000000005" / "manifest.json", proc, 300)
+            seen[backend] = {h: python_listeners(net, h) for h in range(4)}
+        proc.wait(timeout=300)
+        assert proc.returncode == 0, log.read_text()[-4000:]
+        addresses = {h: net.address(h) for h in range(4)}
+    report = json.loads(out.read_text())
+    for backend, hosts in seen.items():
+        assert sorted(a.split(":")[0] for a in report[backend]) == sorted(addresses[h] for h in (1, 2, 3))
+        if backend == "torch_gloo":  # its Gloo device listens on the task's address while training runs
+            for h in (1, 2, 3):
+                assert any(a.startswith(addresses[h] + ":") for a in hosts[h]), (h, hosts[h])
+        for host, listeners in hosts.items():
+            allowed = {addresses[host], "127.0.0.1"}
+            assert {a.rsplit(":", 1)[0] for a in listeners} <= allowed, (backend, host, listeners)
