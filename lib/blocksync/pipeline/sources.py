@@ -62,8 +62,8 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
                 "a Parquet/CSV path, digits or synthetic."
             )
         return spark.table(source)
-    if not uri and not Path(source).exists():
-        raise ValueError(f"data.source={source!r} does not exist; check the path.")
+    # No driver-side existence check: a scheme-less path is resolved by Spark's default filesystem
+    # (fs.defaultFS: HDFS on many clusters), which only Spark knows; a missing path fails at once below.
     try:
         if fmt == "csv":
             return spark.read.option("header", True).option("inferSchema", True).csv(source)
