@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "scaling")
+BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "netcluster", "scaling")
 NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers")
 REPO = Path(__file__).resolve().parent.parent
 

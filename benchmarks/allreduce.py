@@ -40,10 +40,11 @@ def memcpy_bandwidth(size: int = 64 * 1024 * 1024, iters: int = 10) -> float:
     return size * iters / (time.perf_counter() - start)
 
 
-def stage(spark, backend: str, sizes: list[int]) -> dict[int, float]:
-    """Seconds per all-reduce for each size, timed on rank 0."""
+def stage(spark, backend: str, sizes: list[int], workers: int = WORKERS,
+          counts: dict[int, int] | None = None) -> dict[int, float]:
+    """Seconds per all-reduce for each size (`counts[size]` timed back to back), timed on rank 0."""
     # Computed here: the task must not refer to this module, which executors cannot import.
-    counts = {size: 3 if backend == "spark" else int(min(50, max(5, 2e8 // size))) for size in sizes}
+    counts = counts or {size: 3 if backend == "spark" else int(min(50, max(5, 2e8 // size))) for size in sizes}
 
     def task(batches: Iterator) -> Iterator:
         import pyarrow as pa
@@ -73,7 +74,7 @@ def stage(spark, backend: str, sizes: list[int]) -> dict[int, float]:
         if coll.rank == 0:
             yield pa.RecordBatch.from_pydict({"timings": [json.dumps(out)]})
 
-    rows = spark.range(WORKERS).repartition(WORKERS).mapInArrow(task, "timings string", barrier=True).collect()
+    rows = spark.range(workers).repartition(workers).mapInArrow(task, "timings string", barrier=True).collect()
     return {int(k): v for k, v in json.loads(rows[0]["timings"]).items()}
 
 

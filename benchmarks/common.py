@@ -40,9 +40,23 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def provenance() -> dict[str, Any]:
+    """When and from which commit a result was measured (a dirty tree says so)."""
+    import datetime
+    import subprocess
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "lib", "benchmarks"))}
+
+
 def write(name: str, payload: dict[str, Any], markdown: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), **payload}, indent=1))
+    record = {**provenance(), "machine": machine(), **payload}
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))
     (RESULTS / f"{name}.md").write_text(markdown)
     return RESULTS / f"{name}.json"
 
