@@ -41,6 +41,8 @@ from pathlib import Path
 
 import pyspark
 
+from tests.standalone import stop_processes
+
 REPO = Path(__file__).resolve().parents[1]
 SUBNET = "10.213.0"
 MASTER_PORT, MASTER_UI_PORT = 7077, 8080
@@ -229,16 +231,7 @@ class NetCluster:
         return [*cmd, script, *args]
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
+        stop_processes(self.procs)
         for ns in self.made:  # executors and Python workers the JVMs left behind: ours, by PID
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:
