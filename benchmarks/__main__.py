@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "netcluster", "scaling")
-NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers")
+BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "memory", "netcluster", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers", "memory")
 REPO = Path(__file__).resolve().parent.parent
 
 

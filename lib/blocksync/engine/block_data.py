@@ -11,22 +11,33 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from blocksync.engine.blocks import FEATURES, LABEL
 
 
 def arrow_to_block(batches: Iterable[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
     """(features float32 [n, d], labels float64 [n]) from the partition's batches, no per-row Python."""
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows == 0:
+    parts = [batch_arrays(b) for b in batches if b.num_rows]
+    if not parts:
         return np.zeros((0, 0), dtype=np.float32), np.zeros((0,), dtype=np.float64)
-    feats = table.column(FEATURES).combine_chunks()
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(features float32 [k, d], labels float64 [k]) of one incoming batch: fresh, writable arrays."""
+    feats = batch.column(batch.schema.get_field_index(FEATURES))
     if feats.null_count:
         raise ValueError(f"{feats.null_count} rows have null features")
+    lengths = pc.list_value_length(feats)
+    low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+    if low != high:
+        raise ValueError(f"feature arrays have lengths {low}..{high}; every row needs the same number of features.")
     values = feats.flatten().to_numpy(zero_copy_only=False).astype(np.float32)  # a writable copy
-    n = table.num_rows
-    x = np.ascontiguousarray(values.reshape(n, -1))
-    y = table.column(LABEL).to_numpy().astype(np.float64)
+    x = np.ascontiguousarray(values.reshape(batch.num_rows, -1))
+    y = batch.column(batch.schema.get_field_index(LABEL)).to_numpy().astype(np.float64)
     return x, y
 
 

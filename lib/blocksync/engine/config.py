@@ -18,12 +18,14 @@ DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8"]
 BlockSource = Literal["shuffle", "files"]
+BlockStorage = Literal["auto", "memory", "disk"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 BLOCK_SOURCES: tuple[str, ...] = get_args(BlockSource)
+BLOCK_STORAGES: tuple[str, ...] = get_args(BlockStorage)
 SYNC_MODES: tuple[str, ...] = get_args(SyncMode)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
@@ -160,6 +162,14 @@ class TrainConfig:
     """How blocks are cut. `shuffle`: Spark cuts content-hashed balanced blocks from any DataFrame
     (`make_blocks`, two shuffles). `files`: each worker reads its balanced row range of Parquet files
     itself, no shuffle (`train_files`; the pipeline's train stage uses it on the prepared data)."""
+    block_storage: BlockStorage = "auto"
+    """Where each worker keeps its block (see `block_store`). `memory`: in RAM (on the GPU, when
+    training there). `disk`: unnamed files in the executor's Spark local directory, read step by step,
+    resident memory bounded by `memory_budget_mb`; bitwise the same result. `auto`: `disk` when a
+    block is over half the memory the driver knows a Python worker has (`spark.executor.pyspark.memory`
+    per core, or in local mode this machine's available memory per worker), else `memory`."""
+    memory_budget_mb: int = 256
+    """With block_storage=disk: the most of the mapped block a worker keeps resident at once."""
     backend: Backend = "horovod"
     """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
     (BarrierTaskContext.allGather; only for tiny models)."""
@@ -255,12 +265,13 @@ class TrainConfig:
             raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
         _choice("backend", self.backend, BACKENDS)
         _choice("blocks", self.blocks, BLOCK_SOURCES)
+        _choice("block_storage", self.block_storage, BLOCK_STORAGES)
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("device", self.device, DEVICES)
         _choice("task", self.task, TASKS)
-        for name in ("num_workers", "sync_every", "epochs", "batch_size", "gloo_timeout_seconds"):
+        for name in ("num_workers", "sync_every", "epochs", "batch_size", "gloo_timeout_seconds", "memory_budget_mb"):
             _positive(name, getattr(self, name))
         _positive("lr", self.lr)
         _positive("warmup_steps", self.warmup_steps, allow_zero=True)

@@ -45,6 +45,7 @@ from blocksync.engine.metrics import run_metrics
 from blocksync.engine.models import build_model, validate_spec
 from blocksync.engine.progress import RunMonitor
 from blocksync.engine.shards import ShardPlan, plan_shards
+from blocksync.engine.storage import resolve_storage, worker_memory
 from blocksync.engine.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,8 @@ def train_blocks(
     validate_spec(config.model, info.num_features, num_outputs)
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
+    storage = resolve_storage(config, info.sizes, info.num_features, per_epoch,
+                              worker_memory(spark, config.num_workers))
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,
@@ -289,11 +292,13 @@ def train_blocks(
         total_rows=total_rows,
         steps_per_epoch=per_epoch,
         shards=shards,
+        block_rows=list(info.sizes),
+        storage=storage,
     )
     check_checkpoint(config, info.num_features, num_outputs)
     log.info(
-        "training %s on %d rows in %d blocks, backend=%s, %d steps",
-        config.model.name, total_rows, config.num_workers, config.backend, plan.total_steps,
+        "training %s on %d rows in %d blocks (%s), backend=%s, %d steps",
+        config.model.name, total_rows, config.num_workers, storage, config.backend, plan.total_steps,
     )
     started = time.perf_counter()
     rows = _launch_with_restarts(spark, blocks, plan, progress)

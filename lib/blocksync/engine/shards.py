@@ -25,6 +25,7 @@ numeric columns.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,13 +169,23 @@ def plan_shards(
 
 
 def read_block(plan: ShardPlan, rank: int, num_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [n, d], labels float64 [n]) of `rank`'s pieces, in plan order.
+    """(features float32 [n, d], labels float64 [n]) of `rank`'s pieces, in plan order, each piece
+    copied once straight into the block."""
+    n = sum(p.stop - p.start for p in plan.pieces[rank])
+    x = np.empty((n, num_features), dtype=np.float32)
+    y = np.empty((n,), dtype=np.float64)
+    row = 0
+    for xp, yp in iter_pieces(plan, rank, num_features):
+        x[row:row + len(xp)], y[row:row + len(yp)] = xp, yp
+        row += len(xp)
+    return x, y
 
-    Each piece's values are copied once, straight into the block (no concatenated
-    intermediate): the block is the largest allocation a worker makes.
-    """
+
+def iter_pieces(plan: ShardPlan, rank: int, num_features: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`rank`'s rows as (features float32 [k, d], labels float64 [k]), one row-group slice at a time:
+    at most one row group is held while reading."""
     columns = [*plan.features, plan.label]
-    tables, files = [], {}
+    files: dict[str, pq.ParquetFile] = {}
     for piece in plan.pieces[rank]:
         try:
             if piece.path not in files:
@@ -185,31 +196,27 @@ def read_block(plan: ShardPlan, rank: int, num_features: int) -> tuple[np.ndarra
                 f"cannot read {piece.path} on this executor ({err}); blocks=files needs the files at the same "
                 "path on every executor (a shared filesystem or object store), else use blocks=shuffle."
             ) from err
-        tables.append(table.slice(piece.start, piece.stop - piece.start))
-    n = sum(t.num_rows for t in tables)
-    x = np.empty((n, num_features), dtype=np.float32)
-    y = np.empty((n,), dtype=np.float64)
-    row = 0
-    for table in tables:
-        for name in columns:
-            if table.column(name).null_count:
-                raise ValueError(f"{table.column(name).null_count} rows have a null {name!r}; drop or fill them first.")
-        rows = slice(row, row + table.num_rows)
-        if len(plan.features) == 1 and _is_list(table.schema.field(plan.features[0]).type):
-            at = row
-            for chunk in table.column(plan.features[0]).chunks:
-                lengths = pc.list_value_length(chunk)
-                if len(chunk) and (pc.min(lengths).as_py() != num_features or pc.max(lengths).as_py() != num_features):
-                    raise ValueError(
-                        f"feature arrays have lengths {pc.min(lengths).as_py()}..{pc.max(lengths).as_py()}, "
-                        f"expected {num_features}; every row needs the same number of features."
-                    )
-                flat = chunk.flatten().to_numpy(zero_copy_only=False)  # a view for float32 values
-                x[at:at + len(chunk)] = flat.reshape(-1, num_features)
-                at += len(chunk)
-        else:
-            for j, name in enumerate(plan.features):
-                x[rows, j] = table.column(name).to_numpy()
-        y[rows] = table.column(plan.label).to_numpy()
-        row += table.num_rows
-    return x, y
+        yield _piece_arrays(plan, table.slice(piece.start, piece.stop - piece.start), num_features)
+
+
+def _piece_arrays(plan: ShardPlan, table: pa.Table, num_features: int) -> tuple[np.ndarray, np.ndarray]:
+    for name in [*plan.features, plan.label]:
+        if table.column(name).null_count:
+            raise ValueError(f"{table.column(name).null_count} rows have a null {name!r}; drop or fill them first.")
+    x = np.empty((table.num_rows, num_features), dtype=np.float32)
+    if len(plan.features) == 1 and _is_list(table.schema.field(plan.features[0]).type):
+        at = 0
+        for chunk in table.column(plan.features[0]).chunks:
+            lengths = pc.list_value_length(chunk)
+            if len(chunk) and (pc.min(lengths).as_py() != num_features or pc.max(lengths).as_py() != num_features):
+                raise ValueError(
+                    f"feature arrays have lengths {pc.min(lengths).as_py()}..{pc.max(lengths).as_py()}, "
+                    f"expected {num_features}; every row needs the same number of features."
+                )
+            flat = chunk.flatten().to_numpy(zero_copy_only=False)  # a view for float32 values
+            x[at:at + len(chunk)] = flat.reshape(-1, num_features)
+            at += len(chunk)
+    else:
+        for j, name in enumerate(plan.features):
+            x[:, j] = table.column(name).to_numpy()
+    return x, table.column(plan.label).to_numpy().astype(np.float64)

@@ -44,6 +44,7 @@ from blocksync.engine.optim import build_optimizer, build_schedule, loss_sum
 from blocksync.engine.progress import Heartbeat
 
 if TYPE_CHECKING:
+    from blocksync.engine.block_store import Block
     from blocksync.engine.worker import WorkerPlan
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,10 @@ def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 class Trainer:
-    def __init__(self, plan: WorkerPlan, coll: Collective, x: torch.Tensor, y: torch.Tensor,
-                 block_rows: list[int], device: torch.device, beat: Heartbeat) -> None:
+    def __init__(self, plan: WorkerPlan, coll: Collective, block: Block, block_rows: list[int],
+                 device: torch.device, beat: Heartbeat) -> None:
         cfg = self.cfg = plan.config
-        self.plan, self.coll, self.x, self.y, self.device, self.beat = plan, coll, x, y, device, beat
+        self.plan, self.coll, self.block, self.device, self.beat = plan, coll, block, device, beat
         self.rank = coll.rank
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
@@ -140,7 +141,7 @@ class Trainer:
         per_epoch = self.plan.steps_per_epoch
         self.started = time.perf_counter()
         for epoch in range(self.step_count // per_epoch, self.cfg.epochs):
-            rows = int(self.x.shape[0])
+            rows = self.block.rows
             order = torch.from_numpy(epoch_permutation(rows, self.cfg.seed, self.rank, epoch)).to(self.device)
             slices = batch_slices(rows, per_epoch)
             for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
@@ -160,7 +161,7 @@ class Trainer:
         _inject_fault(self.plan, self.rank, step, self.beat)
         t_data = time.perf_counter()
         idx = order[lo:hi]
-        xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
+        xb, yb = self.block.take(idx)
         t_compute = time.perf_counter()
         count = self.compute(xb, yb)
         if self.slow_seconds:

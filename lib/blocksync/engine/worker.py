@@ -4,8 +4,9 @@ Synchronization protocol, step by step (every rank runs the same sequence, so
 the collectives always match and unequal blocks cannot deadlock):
 
 1. Load: the task's Arrow batches (or, with blocks=files, its row range of the
-   Parquet files: `shards.read_block`) become one float32 tensor block, kept for
-   all epochs (`block_data.arrow_to_block`, no per-row Python).
+   Parquet files: `shards.iter_pieces`) are checked and stored as they arrive,
+   no per-row Python: in memory, or on the executor's local disk
+   (`block_store`, train.block_storage), kept for all epochs.
 2. Agree: `allGather` of (rows, errors, rank 0's rendezvous port). If any rank
    found a problem, every rank raises the same error, so none is left waiting.
    The step count per epoch was fixed by the driver from the global row count,
@@ -47,6 +48,7 @@ The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -60,12 +62,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from blocksync.engine.block_data import arrow_to_block
+from blocksync.engine.block_data import batch_arrays
+from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, block_too_large
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.progress import Heartbeat
-from blocksync.engine.shards import ShardPlan, read_block
+from blocksync.engine.shards import ShardPlan, iter_pieces
 from blocksync.engine.trainer import Trainer, params_digest
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,10 @@ class WorkerPlan:
     shards: ShardPlan | None = None
     """blocks=files: each rank reads its rows of the Parquet files itself (`shards`); None: the
     task's input partition is its block."""
+    block_rows: list[int] | None = None
+    """Rows of each rank's block, as the driver counted them (memory mode allocates the block once)."""
+    storage: str = "memory"
+    """`memory` or `disk`: train.block_storage, with `auto` resolved by the driver (`storage`)."""
 
     @property
     def total_steps(self) -> int:
@@ -165,25 +172,27 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         device, warning = select_device(cfg.device, gpus)
         if warning:
             log.warning("rank %d: %s", rank, warning)
+        reset_peak_rss()
         t0 = time.perf_counter()
-        x_np, y_np, problem = _load_block(plan, batches, rank)
+        block, problem = _load_block(plan, batches, rank, device)
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
-                 "device_warning": warning}
-        beat.at(0, "startup")
-        t0 = time.perf_counter()
-        coll, rows = _agree_and_connect(plan, ctx, x_np.shape[0], problem)
-        facts["startup_seconds"] = time.perf_counter() - t0
+                 "device_warning": warning, "block_storage": plan.storage}
         try:
-            x = torch.from_numpy(x_np).to(device)  # x_np is a fresh array we own
-            y = torch.from_numpy(y_np).to(device)
-            trainer = Trainer(plan, coll, x, y, rows, device, beat)
-            if plan.resume_from:
-                trainer.resume(plan.resume_from)
-            train_seconds = trainer.run()
-            yield from _results(trainer, ctx, {**facts, "train_seconds": train_seconds})
-            finished = True
+            beat.at(0, "startup")
+            t0 = time.perf_counter()
+            coll, rows = _agree_and_connect(plan, ctx, block.rows, problem)
+            facts["startup_seconds"] = time.perf_counter() - t0
+            try:
+                trainer = Trainer(plan, coll, block, rows, device, beat)
+                if plan.resume_from:
+                    trainer.resume(plan.resume_from)
+                train_seconds = trainer.run()
+                yield from _results(trainer, ctx, {**facts, "train_seconds": train_seconds})
+                finished = True
+            finally:
+                coll.close()
         finally:
-            coll.close()
+            block.close()
     except BaseException as err:
         error, kind = f"{type(err).__name__}: {err}", error_kind(err)
         raise
@@ -192,18 +201,84 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         relay.close()
 
 
-def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """(features, labels, problem): the rank's block, or an empty one and what is wrong with the data."""
+def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int,
+                device: torch.device) -> tuple[Block, str]:
+    """(block, problem): the rank's block as it arrives, checked piece by piece, into memory or onto
+    disk (`plan.storage`); or an empty block and what is wrong with the data."""
+    expected = plan.block_rows[rank] if plan.block_rows else 0
     try:
-        if plan.shards:
-            for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
-                pass
-            x_np, y_np = read_block(plan.shards, rank, plan.num_features)
-        else:
-            x_np, y_np = arrow_to_block(batches)
-        return x_np, y_np, _validate_block(plan, x_np, y_np)
+        pieces = _checked(plan, _incoming(plan, batches, rank))
+        if plan.storage == "disk":
+            writer = DiskBlockWriter(plan.num_features, expected)
+            try:
+                for x, y in pieces:
+                    writer.append(x, y)
+            except BaseException:
+                writer.close()
+                raise
+            return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
+        try:
+            return MemoryBlock(*_fill(pieces, expected, plan.num_features), device), ""
+        except MemoryError as err:
+            raise block_too_large(expected, plan.num_features) from err
     except ValueError as err:  # bad data in this block: every rank fails with it, none waits
-        return np.zeros((0, plan.num_features), np.float32), np.zeros(0), str(err)
+        return MemoryBlock(np.zeros((0, plan.num_features), np.float32), np.zeros(0), device), str(err)
+
+
+def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """The rank's rows as they arrive: row groups of its files (blocks=files), or its partition's batches."""
+    if plan.shards:
+        for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
+            pass
+        yield from iter_pieces(plan.shards, rank, plan.num_features)
+        return
+    for batch in batches:
+        if batch.num_rows:
+            yield batch_arrays(batch)
+
+
+def _checked(plan: WorkerPlan, pieces: Iterator[tuple[np.ndarray, ...]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for x, y in pieces:
+        problem = _validate_block(plan, x, y)
+        if problem:
+            raise ValueError(problem)
+        yield x, y
+
+
+def _fill(pieces: Iterator[tuple[np.ndarray, np.ndarray]], expected: int,
+          num_features: int) -> tuple[np.ndarray, np.ndarray]:
+    """The block in two arrays allocated once for the `expected` rows and filled piece by piece (so loading
+    holds one piece beyond the block); rows beyond `expected` (a caller's wrong count) are appended."""
+    x = np.empty((expected, num_features), dtype=np.float32)
+    y = np.empty((expected,), dtype=np.float64)
+    row, extra = 0, []
+    for xp, yp in pieces:
+        take = min(len(xp), expected - row)
+        x[row:row + take], y[row:row + take] = xp[:take], yp[:take]
+        row += take
+        if take < len(xp):
+            extra.append((xp[take:], yp[take:]))
+    if extra:
+        return (np.concatenate([x, *(e[0] for e in extra)]), np.concatenate([y, *(e[1] for e in extra)]))
+    return (x, y) if row == expected else (x[:row].copy(), y[:row].copy())
+
+
+def reset_peak_rss() -> None:
+    """Start this task's peak-RSS count afresh (a reused Python worker keeps its old peak otherwise)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory since `reset_peak_rss` (VmHWM), as the OS counts it."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def _agree_and_connect(plan: WorkerPlan, ctx: Any, num_rows: int, problem: str) -> tuple[Collective, list[int]]:
@@ -238,7 +313,8 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "host": os.uname().nodename,
         "task_address": ctx.getTaskInfos()[rank].address,
         "device": str(trainer.device),
-        "rows": int(trainer.x.shape[0]),
+        "rows": trainer.block.rows,
+        "peak_rss_mb": peak_rss_mb(),
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
         **facts,

@@ -71,6 +71,11 @@ def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, 
         bottom += per_rank[phase].to_numpy()
     ax_time.set(title=f"time per rank (sync fraction {metrics.get('sync_fraction', 0):.2f})",
                 xlabel="rank", ylabel="seconds")
+    peaks = metrics.get("peak_rss_mb") or []
+    if peaks and all(p is not None for p in peaks):  # the OS's peak resident memory of each rank's process
+        ax_time.set_xticks(per_rank.index.to_numpy(),
+                           [f"{r}\n{p:,.0f} MiB" for r, p in zip(per_rank.index, peaks, strict=False)])
+        ax_time.set_xlabel(f"rank, and its peak RSS (block_storage={metrics.get('block_storage', 'memory')})")
     ax_time.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,0 +1,129 @@
+"""Peak resident memory per worker against block size, block_storage=memory against disk; and a block
+four times larger than the Python worker's enforced memory limit.
+
+Part 1, in this process's local[4] session: 2 workers (blocks=files) train one epoch of a logistic
+regression on synthetic blocks of 1x, 4x and 16x BASE_MB each, in both modes, alternating. Each rank
+reports its peak RSS (VmHWM from /proc, reset at task start), as the OS counts it.
+
+Part 2, in a spark-submit of its own (`memory_limit_job.py`, local[2]): spark.executor.pyspark.memory
+sets each Python worker's address-space limit (RLIMIT_AS; torch, pyarrow and Horovod import under
+1 GiB, so this limit works with torch here). LIMIT_MB is that limit; the block is 4x it. `disk` must
+complete; `memory` must be refused before launch, naming the block size and the limit.
+
+Throughput: the same runs give steady-state samples/s of both modes on the data that fits (median step).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.common import figure, save_figure, write
+
+BASE_MB = 24
+FEATURES = 256
+FACTORS = [1, 4, 16]
+WORKERS = 2
+LIMIT_MB = 1200
+REPO = Path(__file__).resolve().parent.parent
+ROW_BYTES = 4 * FEATURES + 8
+
+
+def synthetic_files(directory: Path, block_mb: float, workers: int = WORKERS, seed: int = 0) -> str:
+    """Parquet files holding `workers` blocks of about `block_mb` each, written 64k rows at a time."""
+    rows = int(block_mb * 2**20 / ROW_BYTES) * workers
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(FEATURES, 4)).astype(np.float32)
+    schema = pa.schema([("features", pa.list_(pa.float32(), FEATURES)), ("label", pa.int64())])
+    path = directory / f"data-{block_mb:g}.parquet"
+    with pq.ParquetWriter(path, schema) as out:
+        for lo in range(0, rows, 65536):
+            x = rng.normal(size=(min(65536, rows - lo), FEATURES)).astype(np.float32)
+            y = (x @ w).argmax(1)
+            feats = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES)
+            out.write_table(pa.table({"features": feats, "label": y}, schema=schema), row_group_size=65536)
+    return str(path)
+
+
+def one(spark, path: str, storage: str) -> dict:
+    from blocksync import ModelSpec, TrainConfig, train_files
+
+    cfg = TrainConfig(num_workers=WORKERS, backend="torch_gloo", epochs=1, batch_size=4096, lr=0.01,
+                      block_storage=storage, memory_budget_mb=64, check_every=0, model=ModelSpec(name="logreg"))
+    result = train_files(spark, path, cfg)
+    m = result.metrics
+    return {"storage": storage, "peak_rss_mb": m["peak_rss_mb"], "samples_per_sec": 4096 / (m["median_step_ms"] / 1e3),
+            "block_mb": max(result.block_sizes) * ROW_BYTES / 2**20}
+
+
+def limit_case(directory: Path) -> dict:
+    path = synthetic_files(directory, 4 * LIMIT_MB, seed=1)
+    out = directory / "limit.json"
+    import os
+
+    import pyspark
+
+    cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", f"local[{WORKERS}]",
+           "--conf", f"spark.executor.pyspark.memory={LIMIT_MB}m", "--conf", "spark.driver.host=127.0.0.1",
+           "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.python.worker.reuse=false",
+           str(REPO / "benchmarks" / "memory_limit_job.py"), path, str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
+                               "PYSPARK_PYTHON": sys.executable})
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory limit job failed:\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def run(spark) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
+        for factor in FACTORS:
+            path = synthetic_files(Path(tmp), BASE_MB * factor)
+            for storage in ("memory", "disk", "memory", "disk"):  # alternating, two each
+                rows.append({"factor": factor, **one(spark, path, storage)})
+            print(f"{factor}x done", flush=True)
+        limit = limit_case(Path(tmp))
+    payload = {"workers": WORKERS, "base_block_mb": BASE_MB, "features": FEATURES, "rows": rows, "limit": limit}
+    write("memory", payload, markdown(rows, limit))
+    plot(rows)
+    return payload
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def markdown(rows: list[dict], limit: dict) -> str:
+    lines = ["# Peak RSS per worker against block size (2 workers, logreg, one epoch)", "",
+             "| block per worker | memory: peak RSS | disk: peak RSS | memory: samples/s | disk: samples/s | "
+             "disk / memory |", "| --- | --- | --- | --- | --- | --- |"]
+    for factor in FACTORS:
+        mine = {s: [r for r in rows if r["factor"] == factor and r["storage"] == s] for s in ("memory", "disk")}
+        peak = {s: _median([max(r["peak_rss_mb"]) for r in v]) for s, v in mine.items()}
+        rate = {s: _median([r["samples_per_sec"] for r in v]) for s, v in mine.items()}
+        lines.append(f"| {mine['memory'][0]['block_mb']:,.0f} MiB | {peak['memory']:,.0f} MiB | "
+                     f"{peak['disk']:,.0f} MiB | {rate['memory']:,.0f} | {rate['disk']:,.0f} | "
+                     f"{rate['disk'] / rate['memory']:.2f} |")
+    lines += ["", f"## A block 4x the Python worker's limit (spark.executor.pyspark.memory={LIMIT_MB}m)", "",
+              f"block per worker: {limit['block_mb']:,.0f} MiB. disk: {limit['disk']}. memory: {limit['memory']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict]) -> None:
+    fig, ax = figure()
+    for storage, marker in (("memory", "o"), ("disk", "s")):
+        mine = [r for r in rows if r["storage"] == storage]
+        ax.plot([r["block_mb"] for r in mine], [max(r["peak_rss_mb"]) for r in mine], marker, label=storage)
+    ax.set(xlabel="block per worker (MiB)", ylabel="peak RSS of a worker (MiB, VmHWM)",
+           title="block_storage: memory grows with the block, disk stays flat")
+    ax.legend()
+    save_figure(fig, "memory")

@@ -1,0 +1,164 @@
+"""Where a worker keeps its block: in memory, or on the executor's local disk (`train.block_storage`).
+
+`memory`: the block is one float32 feature matrix and one float64 label vector,
+filled in place as the input arrives (the driver knows the block's row count),
+so loading holds at most one incoming batch beyond the block itself. On a GPU
+the whole block is moved to the device once.
+
+`disk`: the block is written once, as it arrives (Arrow batches from the
+shuffle, or row groups with blocks=files), to two unnamed files in a Spark local
+directory of the executor (`SPARK_LOCAL_DIRS`, which Spark sets for its Python
+workers, so the disks users configured apply). The files are created with
+O_TMPFILE: they have no name, so nothing is left in the directory whatever
+happens to the process, a kill included, and the kernel frees them when the
+worker's last descriptor closes. While writing, the worker holds one incoming
+batch. Each step copies its local batch's rows out in the epoch order, exactly the
+rows and the order `memory` uses, so results are bitwise equal. It reads them
+in file order through read-only mappings of at most `train.memory_budget_mb`,
+one at a time, each unmapped at once: resident memory (and address space, which
+Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
+model, optimizer state and the batch, whatever the block's size; the data stays
+in the page cache between steps. Only the current batch goes to a GPU.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+from typing import IO
+
+import numpy as np
+import torch
+
+PAGE = mmap.PAGESIZE
+LABEL_BYTES = 8  # float64
+
+
+def row_bytes(num_features: int) -> int:
+    """Bytes of one row on disk (and in memory): float32 features and a float64 label."""
+    return 4 * num_features + LABEL_BYTES
+
+
+def min_budget_bytes(local_batch_rows: int, num_features: int) -> int:
+    """The smallest `memory_budget_mb` that holds one local batch as read from disk (the rows copied
+    out, and one window of a few pages to read them through)."""
+    return local_batch_rows * row_bytes(num_features) + 4 * PAGE + row_bytes(num_features)
+
+
+def block_too_large(rows: int, num_features: int) -> MemoryError:
+    """What a worker says when its block does not fit: the block's size and the limit it hit."""
+    import resource
+
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    where = (f"this Python worker's address-space limit of {limit / 2**20:,.0f} MiB (spark.executor.pyspark.memory "
+             "per core)" if limit != resource.RLIM_INFINITY else "the memory left to this Python worker")
+    return MemoryError(
+        f"block_storage=memory: this block of {rows * row_bytes(num_features) / 2**20:,.0f} MiB ({rows} rows) "
+        f"does not fit in {where}; set train.block_storage=disk, or raise num_workers."
+    )
+
+
+def spark_local_dir() -> str:
+    """The first of the directories Spark gives its Python workers (SPARK_LOCAL_DIRS), else the temp dir."""
+    dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+    return dirs[0] if dirs else tempfile.gettempdir()
+
+
+class MemoryBlock:
+    """The block as two tensors on the training device."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, device: torch.device) -> None:
+        self.rows = int(x.shape[0])
+        self.x = torch.from_numpy(x).to(device)  # x is a fresh array the worker owns
+        self.y = torch.from_numpy(y).to(device)
+
+    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+    def close(self) -> None:
+        pass
+
+
+class DiskBlockWriter:
+    """Appends batches to the two unnamed files; `finish()` maps them for training."""
+
+    def __init__(self, num_features: int, expected_rows: int, directory: str | None = None) -> None:
+        self.directory = directory or spark_local_dir()
+        self.num_features = num_features
+        needed = expected_rows * row_bytes(num_features)
+        free = shutil.disk_usage(self.directory).free
+        if needed > free:
+            raise ValueError(
+                f"block_storage=disk needs {needed:,} bytes for this block in {self.directory}, which has "
+                f"{free:,} free; free space there, point spark.local.dir (SPARK_LOCAL_DIRS) at a larger disk, "
+                "or use more workers."
+            )
+        self.rows = 0
+        self._files: list[IO[bytes]] = [self._unnamed(), self._unnamed()]
+
+    def _unnamed(self) -> IO[bytes]:
+        return tempfile.TemporaryFile(dir=self.directory)  # O_TMPFILE on Linux: never has a name
+
+    def append(self, x: np.ndarray, y: np.ndarray) -> None:
+        try:
+            self._files[0].write(np.ascontiguousarray(x, dtype=np.float32).tobytes())
+            self._files[1].write(np.ascontiguousarray(y, dtype=np.float64).tobytes())
+        except OSError as err:
+            self.close()
+            raise ValueError(f"block_storage=disk could not write the block to {self.directory}: {err}") from err
+        self.rows += int(x.shape[0])
+
+    def finish(self, budget_bytes: int, device: torch.device) -> DiskBlock:
+        for f in self._files:
+            f.flush()
+        return DiskBlock(self._files, self.rows, self.num_features, budget_bytes, device)
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+class DiskBlock:
+    """The block in its two files; `take` copies rows out through read-only windows of at most the budget,
+    mapped one at a time and unmapped at once, so neither resident memory nor address space grows with the
+    block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
+
+    def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
+                 device: torch.device) -> None:
+        self.rows, self.num_features, self.device = rows, num_features, device
+        self._files = files
+        self._window = max(budget_bytes, 2 * PAGE + row_bytes(num_features))
+
+    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = idx.cpu().numpy()
+        xb = np.empty((len(rows), self.num_features), dtype=np.float32)
+        yb = np.empty((len(rows),), dtype=np.float64)
+        if len(rows):
+            self._gather(self._files[0], rows, xb, 4 * self.num_features)
+            self._gather(self._files[1], rows, yb, LABEL_BYTES)
+        return torch.from_numpy(xb).to(self.device), torch.from_numpy(yb).to(self.device)
+
+    def _gather(self, f: IO[bytes], rows: np.ndarray, out: np.ndarray, width: int) -> None:
+        """out[i] = row rows[i] of `f`, reading the rows in file order through budget-sized windows."""
+        order = np.argsort(rows, kind="stable")
+        ordered = rows[order]
+        windows = (ordered * width) // self._window
+        cuts = np.flatnonzero(np.diff(windows)) + 1
+        for part in np.split(np.arange(len(ordered)), cuts):
+            first, last = int(ordered[part[0]]), int(ordered[part[-1]])
+            lo, hi = first * width, (last + 1) * width
+            start = lo - lo % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(f.fileno(), hi - start, access=mmap.ACCESS_READ, offset=start) as window:
+                view = np.frombuffer(window, dtype=out.dtype, count=(hi - lo) // out.itemsize, offset=lo - start)
+                out[order[part]] = view.reshape(-1, *out.shape[1:])[ordered[part] - first]
+                del view  # the window cannot close while an array still points into it
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+Block = MemoryBlock | DiskBlock
+"""A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device), `close()`."""

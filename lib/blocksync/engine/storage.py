@@ -1,0 +1,82 @@
+"""Driver side of `train.block_storage`: how large each block is, what memory a Python worker has, and
+so where the blocks go, checked before launch.
+
+A block's bytes are rows x (4 x features + 8): float32 features and a float64 label,
+the same in memory and on disk. The memory a Python worker may use is known on the
+driver only in two cases: `spark.executor.pyspark.memory` (which Spark divides
+among an executor's cores and enforces on each Python worker), and local mode,
+where the workers share this machine's available memory. `auto` picks `disk`
+when a block is over AUTO_SHARE of that memory; `memory` refuses a block that
+cannot fit at all, before launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from pyspark.sql import SparkSession
+
+from blocksync.engine.block_store import min_budget_bytes, row_bytes
+from blocksync.engine.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+AUTO_SHARE = 0.5
+"""`auto` keeps a block in memory up to this share of a worker's memory: the rest is for torch,
+the model, the optimizer and the batch."""
+
+
+def _bytes(setting: str) -> int:
+    """Spark's size notation (512m, 2g, 1024k, plain MiB) in bytes."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    text = setting.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(float(text) * 2**20)
+
+
+def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, str] | None:
+    """(bytes, where the figure comes from) of memory one Python worker may use, when the driver knows."""
+    if spark is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+        return None
+    conf = spark.sparkContext.getConf()
+    pyspark_memory = conf.get("spark.executor.pyspark.memory", None)
+    if pyspark_memory:
+        cores = int(conf.get("spark.executor.cores", "1") or 1)
+        per_worker = _bytes(pyspark_memory) // max(cores, 1)
+        return per_worker, f"spark.executor.pyspark.memory={pyspark_memory} over {cores} core(s)"
+    if (spark.sparkContext.master or "").startswith("local"):
+        import psutil
+
+        available = psutil.virtual_memory().available
+        return available // num_workers, f"this machine's available memory ({available / 2**30:.1f} GiB) " \
+                                          f"over {num_workers} local workers"
+    return None
+
+
+def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
+                    memory: tuple[int, str] | None) -> str:
+    """`memory` or `disk` for every rank; raises ValueError (exit 2) for a block that cannot work."""
+    largest = max(block_rows, default=0) * row_bytes(num_features)
+    storage = config.block_storage
+    if storage == "auto":
+        storage = "disk" if memory is not None and largest > AUTO_SHARE * memory[0] else "memory"
+        if memory is None:
+            log.info("block_storage=auto: the driver does not know the Python workers' memory "
+                     "(set spark.executor.pyspark.memory); keeping blocks in memory")
+    if storage == "memory" and memory is not None and largest > memory[0]:
+        raise ValueError(
+            f"block_storage=memory: the largest block holds {largest / 2**20:,.0f} MiB but a Python worker has "
+            f"{memory[0] / 2**20:,.0f} MiB ({memory[1]}); set train.block_storage=disk (or auto), or raise "
+            "num_workers so that each block is smaller."
+        )
+    if storage == "disk":
+        local_batch = math.ceil(max(block_rows, default=0) / steps_per_epoch)
+        needed = min_budget_bytes(local_batch, num_features)
+        if config.memory_budget_mb * 2**20 < needed:
+            raise ValueError(
+                f"train.memory_budget_mb={config.memory_budget_mb} cannot hold one local batch of {local_batch} "
+                f"rows read from disk; it needs at least {math.ceil(needed / 2**20)}."
+            )
+    return storage
