@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,7 +114,7 @@ def same_run(a, b) -> None:
 @pytest.mark.parametrize("backend,blocks", [("horovod", "shuffle"), ("torch_gloo", "files"), ("spark", "shuffle")])
 def test_disk_blocks_train_bitwise_like_memory_blocks(spark, tmp_path, backend, blocks):
     pdf = synthetic_classification(403, 8, 3, seed=5)
-    extra = {"epochs": 1} if backend == "spark" else {}  # about a second per step through the driver
+    extra = {"epochs": 1, "batch_size": 100} if backend == "spark" else {}  # about a second a step via the driver
     if blocks == "files":
         path = str(tmp_path / "data.parquet")
         spark.createDataFrame(pdf).repartition(3).write.parquet(path)
@@ -140,3 +141,24 @@ def test_a_disk_block_run_relaunches_bitwise_equal(spark, tmp_path):
                                      faults={"kill_rank": 1, "at_step": 12, "mode": "exit"}))
     assert [s["resumed_at"] for s in faulty.rank_summaries] == [10] * 4
     same_run(clean, faulty)
+
+
+def top_level_files(spark) -> set[str]:
+    """Files directly in the Spark local dirs its Python workers get (where disk blocks are created)."""
+    dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("SPARK_LOCAL_DIRS", "")).collect()[0]
+    assert dirs, "the Python workers got no SPARK_LOCAL_DIRS"
+    return {str(p) for d in dirs.split(",") for p in Path(d).iterdir() if p.is_file()}
+
+
+def test_disk_blocks_leave_nothing_after_success_kill_or_stall(spark, tmp_path):
+    from blocksync import TrainingError
+
+    df = spark.createDataFrame(synthetic_classification(400, 8, 3, seed=9)).repartition(2)
+    before = top_level_files(spark)
+    train(spark, df, config("torch_gloo", "disk", epochs=1))  # success
+    with pytest.raises(TrainingError, match=r"rank 1's Python worker ended without finishing"):  # a killed worker
+        train(spark, df, config("torch_gloo", "disk", faults={"kill_rank": 1, "at_step": 3, "mode": "exit"}))
+    with pytest.raises(TrainingError, match=r"stalled: rank 2 at step 4"):  # a stall, cancelled by the driver
+        train(spark, df, config("torch_gloo", "disk", timeouts={"step_seconds": 3},
+                                faults={"kill_rank": 2, "at_step": 4, "mode": "hang"}))
+    assert top_level_files(spark) == before

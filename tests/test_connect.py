@@ -29,4 +29,6 @@ def test_train_and_score_on_spark_connect(tmp_path):
     assert len(report["digests"]) == 1  # replicas identical
     assert report["accuracy"] >= 0.9
     assert report["files_block_sizes"] == [300, 300] and len(report["files_digests"]) == 1
+    # block_storage=disk on Connect: the same replicas, bit for bit, as blocks in memory.
+    assert report["files_storage"] == "disk" and report["files_digests"] == report["files_memory_digests"]
     assert "Spark Connect session: no SparkContext on the client" in proc.stderr

@@ -29,11 +29,15 @@ def job(spark: SparkSession) -> dict:
     scored = metrics(score(spark, df, saved), "classification")
     with tempfile.TemporaryDirectory() as folder:  # blocks=files: the workers read the Parquet themselves
         pd.DataFrame({"features": list(x), "label": labels}).to_parquet(f"{folder}/data.parquet")
-        from_files = train_files(spark, f"{folder}/data.parquet", TrainConfig(
-            num_workers=2, backend="torch_gloo", epochs=2, batch_size=50, lr=0.05, model=ModelSpec(name="logreg")))
+        runs = {storage: train_files(spark, f"{folder}/data.parquet", TrainConfig(
+            num_workers=2, backend="torch_gloo", epochs=2, batch_size=50, lr=0.05, block_storage=storage,
+            model=ModelSpec(name="logreg"))) for storage in ("memory", "disk")}
+    from_files = runs["disk"]
     return {
         "files_block_sizes": from_files.block_sizes,
         "files_digests": sorted({s["digest"] for s in from_files.rank_summaries}),
+        "files_memory_digests": sorted({s["digest"] for s in runs["memory"].rank_summaries}),
+        "files_storage": from_files.metrics["block_storage"],
         "session": type(spark).__module__,
         "block_sizes": result.block_sizes,
         "digests": sorted({s["digest"] for s in result.rank_summaries}),
