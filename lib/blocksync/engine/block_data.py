@@ -1,4 +1,4 @@
-"""Worker side: Arrow record batches to one tensor block, and the seeded batch plan.
+"""Worker side: Arrow record batches to NumPy arrays (a batch at a time), and the seeded batch plan.
 
 Pure functions over Arrow and NumPy: tests call them without Spark, and the
 single-process reference loop in the tests uses the same `batch_slices` and

@@ -10,7 +10,9 @@ Protocol, from the driver's point of view:
    with `train_files`, `shards.plan_shards`: a balanced row range of the
    Parquet files per rank, which each worker reads itself (no shuffle).
 3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
-   the same for every worker (see `worker` for the per-step protocol).
+   the same for every worker (see `worker` for the per-step protocol); and
+   where blocks are kept (`storage`: memory or the executors' local disk),
+   refusing a block that cannot fit before any worker starts.
 4. One barrier stage: `blocks.mapInArrow(worker, schema, barrier=True)`. Never
    one Spark job per step: Spark scheduling costs far more than a step.
 5. Collect: rank 0's state_dict chunks are joined in order and loaded with

@@ -11,9 +11,11 @@ with per-rank shards, and the shuffles disappear:
    [sum(sizes[:r]), sum(sizes[:r+1])), sizes differing by at most one row: the
    same balance `make_blocks` guarantees. Label min and max come from the row
    group statistics (a one-column Spark aggregate when a file has none).
-2. Worker (`read_block`): read the row groups overlapping its range (only the
-   feature and label columns), slice them to the range and build the float32
-   block. The per-epoch shuffle of the worker loop then visits it in random order.
+2. Worker (`iter_pieces`): read the row groups overlapping its range one at a
+   time (only the feature and label columns), slice each to the range and hand
+   it on as float32 features and float64 labels, into the block in memory or on
+   disk (`block_store`). The per-epoch shuffle of the worker loop then visits
+   the block in random order.
 
 Unlike `make_blocks`, a block is a contiguous run of the files, not a hash
 spread. With gradient sync every step's global batch is still drawn from all
