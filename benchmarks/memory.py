@@ -7,8 +7,7 @@ both modes' steady-state samples/s (median step) on data that fits.
 
 Not measured here: a block several times larger than an enforced Python-worker limit. Spark's
 spark.executor.pyspark.memory limits a worker's address space (RLIMIT_AS), and torch, pyarrow's allocator
-and Gloo's threads reserve more address space than they use: workers under 2000m failed with
-MemoryError / ArrowMemoryError on a 100 MB block. See the README ("Data larger than memory").
+and Gloo's threads reserve more address space than they use. See the README ("Data larger than memory").
 """
 
 from __future__ import annotations
