@@ -38,7 +38,9 @@ def _bytes(setting: str) -> int:
 
 def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, str] | None:
     """(bytes, where the figure comes from) of memory one Python worker may use, when the driver knows."""
-    if spark is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+    from blocksync.engine.launcher import is_connect, is_local  # launcher imports this module
+
+    if spark is None or is_connect(spark):
         return None
     conf = spark.sparkContext.getConf()
     pyspark_memory = conf.get("spark.executor.pyspark.memory", None)
@@ -46,7 +48,7 @@ def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, st
         cores = int(conf.get("spark.executor.cores", "1") or 1)
         per_worker = _bytes(pyspark_memory) // max(cores, 1)
         return per_worker, f"spark.executor.pyspark.memory={pyspark_memory} over {cores} core(s)"
-    if (spark.sparkContext.master or "").startswith("local"):
+    if is_local(spark):
         import psutil
 
         available = psutil.virtual_memory().available
