@@ -156,7 +156,8 @@ def test_disk_blocks_leave_nothing_after_success_kill_or_stall(spark, tmp_path):
     df = spark.createDataFrame(synthetic_classification(400, 8, 3, seed=9)).repartition(2)
     before = top_level_files(spark)
     train(spark, df, config("torch_gloo", "disk", epochs=1))  # success
-    with pytest.raises(TrainingError, match=r"rank 1's Python worker ended without finishing"):  # a killed worker
+    # A killed worker: the driver hears first either that it ended or that a peer lost it (a race).
+    with pytest.raises(TrainingError, match=r"rank 1's Python worker ended without finishing|closed by peer"):
         train(spark, df, config("torch_gloo", "disk", faults={"kill_rank": 1, "at_step": 3, "mode": "exit"}))
     with pytest.raises(TrainingError, match=r"stalled: rank 2 at step 4"):  # a stall, cancelled by the driver
         train(spark, df, config("torch_gloo", "disk", timeouts={"step_seconds": 3},
