@@ -9,7 +9,9 @@ or, in quiet mode, one log line per epoch.
 The watchdog: every rank must be past loading and collective start-up within
 `startup_seconds` (timeouts.barrier_seconds), else the stage is cancelled naming
 the ranks still there. After that, when no rank has moved to another step or phase for
-`stall_seconds`, the ranks not waiting inside a collective are the stalled
+`stall_seconds` (and at least SILENT_SECONDS), a rank whose heartbeats stopped
+while the others' arrive is cut off (its host or network is down), whatever its last
+beat said; else the ranks not waiting inside a collective are the stalled
 ones (the others wait for them); the monitor records which, and at what step,
 and calls `on_stall` (the launcher cancels the stage). A rank whose connection
 ends without a final "done" died (its Python worker exited); that is recorded
@@ -182,8 +184,9 @@ class RunMonitor:
     def _stalled(self) -> str | None:
         """No rank moved to another step or phase for `stall_seconds`: name the ranks holding the others up."""
         active = {r: s for r, s in self.ranks.items() if not s["done"]}
-        # Loading and collective start-up are bounded by _startup_overdue.
-        if self.stall_seconds is None or not active or any(s["phase"] in ("load", "startup") for s in active.values()):
+        # Loading and collective start-up are bounded by _startup_overdue. Start-up is collective, so once
+        # one rank is past it all are: a rank still shown in it then is one whose beats stopped arriving.
+        if self.stall_seconds is None or all(s["phase"] in ("load", "startup") for s in active.values()):
             return None
         now = time.monotonic()
         idle = now - max(s["changed"] for s in active.values())
@@ -198,9 +201,9 @@ class RunMonitor:
             return (f"stalled: {where}: its heartbeats stopped while the other ranks' arrive, so its host or "
                     f"network is down; no rank made progress for {idle:.1f} s "
                     f"(timeouts.step_seconds={self.stall_seconds:g})")
+        if idle <= SILENT_SECONDS:
+            return None  # give a cut-off rank time to show by its silence, whatever its last beat said
         stalled = [r for r, s in active.items() if s["phase"] != "sync"]
-        if not stalled and idle <= SILENT_SECONDS:
-            return None  # all wait inside the collective: give a cut-off rank time to show by its silence
         if not stalled:
             low = min(s["step"] for s in active.values())
             stalled = [r for r, s in active.items() if s["step"] == low]
