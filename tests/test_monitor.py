@@ -171,6 +171,7 @@ def test_a_rank_whose_heartbeats_stop_is_named_as_cut_off(last_seen):
     finally:
         monitor.close()
     assert stalls, "the watchdog never fired"
-    assert failure is not None and failure.startswith(f"stalled: rank 1 on 127.0.0.1 at step {step} ({phase}), silent for ")
+    assert failure is not None
+    assert failure.startswith(f"stalled: rank 1 on 127.0.0.1 at step {step} ({phase}), silent for ")
     assert "its heartbeats stopped while the other ranks' arrive" in failure
     assert 3.0 <= stalls[0] - started <= 3.0 + 1.5  # SILENT_SECONDS, plus the watchdog tick and a beat

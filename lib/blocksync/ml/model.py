@@ -1,0 +1,151 @@
+"""The fitted models: Spark ML Transformers that score on the executors.
+
+`transform` keeps every input column and appends `predictionCol` (double) and,
+for the classifier, `rawPredictionCol` (the network's logits) and
+`probabilityCol` (their softmax), both as Spark ML vectors, so the MLlib
+evaluators read the output directly. An output column Param set to "" is not
+written.
+
+Scoring runs through `pyspark.ml.functions.predict_batch_udf`: each Python
+worker builds the network from the safetensors weights once (Spark's model
+cache) and scores `scoreBatchSize` rows per call, with as many torch threads as
+`spark.task.cpus`. A row whose features are not `numFeatures` wide fails the
+job with a message naming `featuresCol` and both widths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from pyspark.ml import Model
+from pyspark.ml.functions import array_to_vector, predict_batch_udf
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol
+from pyspark.ml.util import MLReadable, MLWritable
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from blocksync.engine.blocks import features_column
+from blocksync.engine.config import ModelSpec
+from blocksync.engine.models import build_model
+from blocksync.ml.params import TrainParams
+from blocksync.ml.persistence import ModelReader, ModelWriter
+
+SCORED = "__blocksync_scored"
+
+
+def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
+    """The network `meta` describes, with `weights` (safetensors bytes) loaded, in eval mode."""
+    from safetensors.torch import load
+
+    module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
+    module.load_state_dict(load(weights))
+    return module.eval()
+
+
+def _make_predict(meta: dict[str, Any], weights: bytes) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """Runs once per Python worker (predict_batch_udf caches it): the network, then its batch scorer."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    torch.set_num_threads(max(1, int(context.cpus())) if context is not None else 1)
+    module = build_module(meta, weights)
+    classification = meta["task"] == "classification"
+
+    def predict(features: np.ndarray) -> dict[str, np.ndarray]:
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        with torch.no_grad():
+            out = module(x).double()
+        if not classification:
+            return {"prediction": out.squeeze(-1).numpy()}
+        return {"prediction": out.argmax(dim=1).double().numpy(), "raw": out.numpy(),
+                "probability": torch.softmax(out, dim=1).numpy()}
+
+    return predict
+
+
+class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
+    """What both fitted models share: the weights, what the network is, and scoring."""
+
+    scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize", "rows per call of the network in transform",
+                                       typeConverter=TypeConverters.toInt)
+
+    def __init__(self, weights: bytes = b"", meta: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._setDefault(scoreBatchSize=4096)
+        self._weights = weights
+        self._meta = meta or {}
+
+    @property
+    def numFeatures(self) -> int:
+        return int(self._meta["num_features"])
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Per-epoch training loss and rate, as `train` returns it."""
+        return list(self._meta.get("history", []))
+
+    def torchModule(self) -> torch.nn.Module:
+        """A fresh copy of the trained network (eval mode, CPU)."""
+        return build_module(self._meta, self._weights)
+
+    def write(self) -> ModelWriter:
+        return ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> ModelReader:
+        return ModelReader(cls)
+
+    def _outputs(self) -> dict[str, tuple[str, Callable[[Column], Column]]]:
+        """Output Param value -> (field of the scorer's struct, how it becomes the column)."""
+        return {self.getPredictionCol(): ("prediction", lambda c: c)}
+
+    def _features(self, dataset: DataFrame) -> Column:
+        x = features_column(dataset, self.features_spec())
+        width = self.numFeatures
+        where = "featuresCols" if self.isSet("featuresCols") else f"featuresCol {self.getFeaturesCol()!r}"
+        message = F.concat(F.lit(f"{where} has "), F.size(x).cast("string"),
+                           F.lit(f" values in a row; this model was trained on {width}: transform a table "
+                                 "prepared like the training one (same VectorAssembler inputs)"))
+        return F.when(F.size(x) == width, x).otherwise(F.raise_error(message))
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        outputs = {col: how for col, how in self._outputs().items() if col}
+        clash = sorted(set(outputs) & set(dataset.columns))
+        if clash:
+            raise ValueError(f"the input already has column(s) {clash}; set other output column names "
+                             "(predictionCol, probabilityCol, rawPredictionCol) or drop them first.")
+        fields = [T.StructField("prediction", T.DoubleType())]
+        if self._meta["task"] == "classification":
+            fields += [T.StructField(name, T.ArrayType(T.DoubleType())) for name in ("raw", "probability")]
+        scorer = predict_batch_udf(partial(_make_predict, self._meta, self._weights),
+                                   return_type=T.StructType(fields), batch_size=self.getOrDefault("scoreBatchSize"),
+                                   input_tensor_shapes=[[self.numFeatures]])
+        scored = dataset.withColumn(SCORED, scorer(self._features(dataset)))
+        columns = [F.col(c) for c in dataset.columns]
+        columns += [how(F.col(f"{SCORED}.{field}")).alias(col) for col, (field, how) in outputs.items()]
+        return scored.select(*columns)
+
+
+class BlockSyncClassificationModel(BlockSyncModelBase, HasProbabilityCol, HasRawPredictionCol):
+    """A fitted `BlockSyncClassifier`: prediction (class index), rawPrediction (logits), probability."""
+
+    def __init__(self, weights: bytes = b"", meta: dict[str, Any] | None = None) -> None:
+        super().__init__(weights, meta)
+
+    @property
+    def numClasses(self) -> int:
+        return int(self._meta["num_outputs"])
+
+    def _outputs(self) -> dict[str, tuple[str, Callable[[Column], Column]]]:
+        return {**super()._outputs(), self.getRawPredictionCol(): ("raw", array_to_vector),
+                self.getProbabilityCol(): ("probability", array_to_vector)}
+
+
+class BlockSyncRegressionModel(BlockSyncModelBase):
+    """A fitted `BlockSyncRegressor`: prediction."""

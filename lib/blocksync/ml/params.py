@@ -1,0 +1,104 @@
+"""Typed Spark ML Params for every TrainConfig setting users tune, and the column Params.
+
+One Param per top-level `TrainConfig` field (camelCase: `num_workers` is
+`numWorkers`), with TrainConfig's own default, so an estimator and `train()`
+start from the same settings. Nested settings (`model`, `checkpoint`,
+`timeouts`, `horovod`) are dicts of the YAML keys, checked by their dataclass
+when set. `TrainConfig` checks values and combinations at `fit`, before any
+Spark job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol
+
+from blocksync.engine.config import CheckpointSettings, HorovodSettings, ModelSpec, TimeoutSettings, TrainConfig
+
+
+def _dict_of(kind: type) -> Any:
+    def convert(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a dict of {kind.__name__} settings, got {type(value).__name__}")
+        kind(**value)  # raises naming the bad key or value
+        return dict(value)
+
+    return convert
+
+
+def _optional(convert: Any) -> Any:
+    return lambda value: None if value is None else convert(value)
+
+
+_INT, _FLOAT, _STR = TypeConverters.toInt, TypeConverters.toFloat, TypeConverters.toString
+
+TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
+    # Param name: (TrainConfig field, converter, doc)
+    "numWorkers": ("num_workers", _INT, "number of blocks and barrier tasks (one rank each)"),
+    "backend": ("backend", _STR, "collective: horovod, torch_gloo or spark"),
+    "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory or disk"),
+    "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
+    "sync": ("sync", _STR, "gradients (all-reduce every step) or parameters (average every syncEvery steps)"),
+    "syncEvery": ("sync_every", _INT, "K local steps between parameter averages with sync=parameters"),
+    "model": ("model", _dict_of(ModelSpec), "the network: {'name': 'mlp', 'hidden': [128, 64], ...}"),
+    "epochs": ("epochs", _INT, "passes over every block"),
+    "batchSize": ("batch_size", _INT, "global batch size per step"),
+    "optimizer": ("optimizer", _STR, "sgd, adam or adamw"),
+    "lr": ("lr", _FLOAT, "peak learning rate"),
+    "momentum": ("momentum", _FLOAT, "SGD momentum"),
+    "weightDecay": ("weight_decay", _FLOAT, "L2 penalty (decoupled for adamw)"),
+    "schedule": ("schedule", _STR, "learning-rate schedule: constant, cosine or step"),
+    "warmupSteps": ("warmup_steps", _INT, "linear warm-up steps"),
+    "seed": ("seed", _INT, "seeds model init, block assignment and shuffles"),
+    "checkEvery": ("check_every", _INT, "steps between replica-consistency checks; 0: only at the end"),
+    "device": ("device", _STR, "auto (the task's GPU if usable), cpu or cuda"),
+    "mixedPrecision": ("mixed_precision", _STR, "none or bf16"),
+    "threadsPerWorker": ("threads_per_worker", _optional(_INT), "torch threads per worker; None: spark.task.cpus"),
+    "compression": ("compression", _STR, "gradient compression: none, fp16, topk or int8"),
+    "topkRatio": ("topk_ratio", _FLOAT, "share of entries sent with compression=topk"),
+    "checkpoint": ("checkpoint", _dict_of(CheckpointSettings), "{'dir': URI, 'every_steps': N, 'keep': K}"),
+    "maxRestarts": ("max_restarts", _INT, "relaunches after a worker failure, from the latest checkpoint"),
+    "timeouts": ("timeouts", _dict_of(TimeoutSettings), "{'step_seconds': S, 'barrier_seconds': B}"),
+    "horovod": ("horovod", _dict_of(HorovodSettings), "Horovod knobs: {'fusion_threshold_mb': ..., ...}"),
+    "glooTimeoutSeconds": ("gloo_timeout_seconds", _INT, "Gloo rendezvous timeout"),
+    "networkInterface": ("network_interface", _optional(_STR), "NIC for Gloo; None: the task address's"),
+}
+"""Not Params: `task` (the estimator's kind), `blocks` (a DataFrame is always cut by a shuffle) and
+`faults` (test-only fault injection)."""
+
+
+def _default(field_name: str) -> Any:
+    value = getattr(TrainConfig(), field_name)
+    return {f.name: getattr(value, f.name) for f in fields(value)} if hasattr(value, "__dataclass_fields__") else value
+
+
+class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
+    """The training settings, the columns, and `progress`."""
+
+    featuresCols: Param[list[str]] = Param(
+        Params._dummy(), "featuresCols", "numeric columns used as the features instead of featuresCol",
+        typeConverter=TypeConverters.toListString,
+    )
+    progress: Param[str] = Param(Params._dummy(), "progress", "off, log (a line per epoch) or bar (tqdm)",
+                                 typeConverter=TypeConverters.toString)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", progress="off")
+        self._setDefault(**{name: _default(key) for name, (key, _, _) in TRAIN_PARAMS.items()})
+
+    def features_spec(self) -> str | list[str]:
+        """featuresCols when set, else featuresCol: what `train` and `transform` take as `features`."""
+        return self.getOrDefault("featuresCols") if self.isSet("featuresCols") else self.getFeaturesCol()
+
+    def train_config(self, task: str, **extra: Any) -> TrainConfig:
+        """The TrainConfig these Params describe; a bad value or combination raises ValueError naming it."""
+        settings = {key: self.getOrDefault(name) for name, (key, _, _) in TRAIN_PARAMS.items()}
+        return TrainConfig(task=task, **settings, **extra)  # type: ignore[arg-type]
+
+
+for _name, (_key, _convert, _doc) in TRAIN_PARAMS.items():
+    setattr(TrainParams, _name, Param(Params._dummy(), _name, f"{_doc} (TrainConfig.{_key})", typeConverter=_convert))

@@ -1,0 +1,115 @@
+"""Saving and loading fitted models through Spark's own filesystem layer.
+
+A model path holds `weights/` (Parquet: the safetensors bytes of the weights
+in ordered chunks) and `metadata/` (Spark ML's DefaultParamsWriter JSON: class,
+uid, Params, plus `blocksync`: the network spec, widths, task and history).
+Both are written with DataFrame writers, so any path Spark can write works
+(local, hdfs://, s3a://, dbfs:/), on classic Spark and on Spark Connect, and
+`PipelineModel.save`/`load` treat the model like any MLlib stage.
+
+Metadata is written last: a save that fails part-way is removed, and a folder
+without metadata never loads. Loading reads weights and JSON only (never
+unpickles code); a network named by an import path `package.module:factory` is
+built by importing that module, which must be importable on the driver and the
+executors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pyspark.errors import AnalysisException
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.sql import SparkSession
+
+from blocksync.engine.config import ModelSpec
+from blocksync.engine.models import check_importable, is_custom
+
+if TYPE_CHECKING:
+    from blocksync.ml.model import BlockSyncModelBase
+
+log = logging.getLogger(__name__)
+
+FORMAT = "blocksync-ml-model/1"
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    """Whether `path` exists, asked through Spark's filesystem layer (classic and Connect alike)."""
+    try:
+        spark.read.format("binaryFile").load(path).schema  # noqa: B018 (resolving the relation lists the path)
+    except AnalysisException as err:
+        if "PATH_NOT_FOUND" in str(err) or "Path does not exist" in str(err):
+            return False
+        raise
+    return True
+
+
+def remove_path(spark: SparkSession, path: str) -> None:
+    from pyspark.ml.util import _remove_dfs_dir  # pyspark's own recursive delete, classic and Connect
+
+    _remove_dfs_dir(path, spark)
+
+
+class ModelWriter(MLWriter):
+    """`model.write().save(path)`; `.overwrite()` replaces what is at `path`."""
+
+    def __init__(self, instance: BlockSyncModelBase) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def save(self, path: str) -> None:
+        spark = self.sparkSession
+        if path_exists(spark, path):
+            if not self.shouldOverwrite:
+                raise FileExistsError(f"{path} already exists; call .write().overwrite().save(path) to replace it, "
+                                      "or save to another path.")
+            remove_path(spark, path)
+        try:
+            self.saveImpl(path)
+        except BaseException:
+            if path_exists(spark, path):
+                remove_path(spark, path)  # nothing half-written
+            raise
+
+    def saveImpl(self, path: str) -> None:
+        spark, model = self.sparkSession, self.instance
+        blob = model._weights
+        chunks = [(i, blob[start : start + CHUNK_BYTES]) for i, start in enumerate(range(0, len(blob), CHUNK_BYTES))]
+        spark.createDataFrame(chunks, "chunk int, data binary").coalesce(1).write.parquet(f"{path}/weights")
+        DefaultParamsWriter.saveMetadata(model, path, spark, extraMetadata={"blocksync": {**model._meta,
+                                                                                         "format": FORMAT}})
+
+
+class ModelReader(MLReader):
+    """`BlockSyncClassificationModel.load(path)`, and what `PipelineModel.load` calls for the stage."""
+
+    def __init__(self, cls: type[BlockSyncModelBase]) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> BlockSyncModelBase:
+        spark = self.sparkSession
+        try:
+            metadata = DefaultParamsReader.loadMetadata(path, spark)
+        except AnalysisException as err:
+            raise ValueError(f"{path} holds no saved Spark ML model (no readable metadata/); give the path a "
+                             "BlockSync model or a PipelineModel was saved to.") from err
+        meta = metadata.get("blocksync")
+        expected = f"{self.cls.__module__}.{self.cls.__name__}"
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or metadata.get("class") != expected:
+            raise ValueError(f"{path} holds a {metadata.get('class')}, not a {expected}; load it with its own class.")
+        spec = ModelSpec(**meta["model"])
+        if is_custom(spec):
+            log.warning("%s: the network is built by importing %s", path, spec.name)
+            check_importable(spec)
+        rows = spark.read.parquet(f"{path}/weights").orderBy("chunk").collect()
+        model = self.cls(b"".join(bytes(r["data"]) for r in rows), _meta_of(meta))
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model
+
+
+def _meta_of(saved: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in saved.items() if k != "format"}
