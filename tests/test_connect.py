@@ -32,3 +32,6 @@ def test_train_and_score_on_spark_connect(tmp_path):
     # block_storage=disk on Connect: the same replicas, bit for bit, as blocks in memory.
     assert report["files_storage"] == "disk" and report["files_digests"] == report["files_memory_digests"]
     assert "Spark Connect session: no SparkContext on the client" in proc.stderr
+    # Spark ML on Connect: fit, transform (every column kept), MLlib evaluator, save and load.
+    assert report["ml_columns"] == ["features", "label", "prediction", "rawPrediction", "probability"]
+    assert report["ml_accuracy"] >= 0.9 and report["ml_round_trip"] is True

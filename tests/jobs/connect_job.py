@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train, train_files
 from blocksync.pipeline.artifacts import SavedModel
+from blocksync.ml import BlockSyncClassificationModel, BlockSyncClassifier
 from blocksync.pipeline.evaluate import metrics, score
 
 
@@ -34,6 +35,7 @@ def job(spark: SparkSession) -> dict:
             model=ModelSpec(name="logreg"))) for storage in ("memory", "disk")}
     from_files = runs["disk"]
     return {
+        **spark_ml(spark, df),
         "files_block_sizes": from_files.block_sizes,
         "files_digests": sorted({s["digest"] for s in from_files.rank_summaries}),
         "files_memory_digests": sorted({s["digest"] for s in runs["memory"].rank_summaries}),
@@ -42,6 +44,25 @@ def job(spark: SparkSession) -> dict:
         "block_sizes": result.block_sizes,
         "digests": sorted({s["digest"] for s in result.rank_summaries}),
         "accuracy": scored["test_accuracy"],
+    }
+
+
+def spark_ml(spark: SparkSession, df) -> dict:
+    """The Spark ML estimator on Connect: fit, transform, evaluate, save and load back."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    model = BlockSyncClassifier(numWorkers=2, backend="torch_gloo", epochs=5, batchSize=50, lr=0.05,
+                                model={"name": "logreg"}).fit(df)
+    scored = model.transform(df)
+    with tempfile.TemporaryDirectory() as folder:
+        model.write().save(f"{folder}/model")
+        loaded = BlockSyncClassificationModel.load(f"{folder}/model")
+        again = loaded.transform(df).select("probability").collect()
+    return {
+        "ml_columns": scored.columns,
+        "ml_accuracy": MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored),
+        "ml_round_trip": [r.probability for r in scored.select("probability").collect()] == [
+            r.probability for r in again],
     }
 
 
