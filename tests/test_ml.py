@@ -18,6 +18,7 @@ from safetensors.numpy import load as load_numpy
 from blocksync import TrainConfig, train
 from blocksync.ml import BlockSyncClassificationModel, BlockSyncClassifier, BlockSyncRegressor
 from blocksync.ml.estimator import SlotGate
+from blocksync.pipeline.predict import score_new_data
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -84,7 +85,7 @@ def test_a_tuned_pipeline_scores_every_row_like_its_network(tuned, species):
     assert tuned.validationMetrics[tuned.validationMetrics.index(max(tuned.validationMetrics))] > 0.9
 
 
-def test_a_saved_pipeline_loads_and_predicts_bit_for_bit(tuned, species, tmp_path):
+def test_a_saved_pipeline_loads_and_predicts_bit_for_bit(spark, tuned, species, tmp_path):
     path = str(tmp_path / "pipeline")
     tuned.bestModel.save(path)
     loaded = PipelineModel.load(path)
@@ -94,6 +95,11 @@ def test_a_saved_pipeline_loads_and_predicts_bit_for_bit(tuned, species, tmp_pat
     before = [tuple(r) for r in tuned.bestModel.transform(species).orderBy("id").select(columns).collect()]
     after = [tuple(r) for r in loaded.transform(species).orderBy("id").select(columns).collect()]
     assert after == before
+    # `blocksync predict` takes the saved pipeline too: its own stages prepare the features.
+    new_rows = species.drop("species")
+    scored = score_new_data(spark, path, new_rows).orderBy("id")
+    assert scored.columns == [*new_rows.columns, "raw", "features", "prediction", "probability"]
+    assert [r.prediction for r in scored.collect()] == [r[0] for r in before]
 
 
 def regression_table(spark, n: int = 1000):

@@ -72,6 +72,26 @@ def test_cli_run_local_yaml_end_to_end(tmp_path):
         f"blocksync: error: {out} already exists; pass --overwrite or choose another output_dir."
     )
     assert (out / "metrics.json").read_bytes() == before
+    # New, unlabeled data: scored on the executors from the raw pixel columns, ids kept.
+    from sklearn.datasets import load_digits
+
+    pixels = load_digits().data[:300]
+    raw = pd.DataFrame(pixels, columns=[f"pixel_{i}" for i in range(64)]).assign(order_id=np.arange(300) + 1000)
+    raw.to_parquet(tmp_path / "new.parquet")
+    scored_path = tmp_path / "scored.parquet"
+    proc = cli("predict", "--model", str(out), "--input", str(tmp_path / "new.parquet"), "--output",
+               str(scored_path), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"scored 300 rows into {scored_path}"
+    scored = pd.read_parquet(scored_path).sort_values("order_id")
+    assert list(scored.columns) == [*raw.columns, "prediction", "probability"]
+    # The reference: the saved model on the driver (numpy standardization, one torch forward pass).
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(), load_model(out).predict(pixels.astype(np.float32)))
+    again = cli("predict", "--model", str(out), "--input", str(tmp_path / "new.parquet"), "--output",
+                str(scored_path), "--quiet")
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"blocksync: error: --output {scored_path} already exists; pass --overwrite or choose another path.")
 
 
 def test_spark_submit_pipeline_job_gives_the_same_layout(tmp_path):

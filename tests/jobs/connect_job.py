@@ -10,8 +10,8 @@ from job_report import run_and_report
 from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train, train_files
-from blocksync.pipeline.artifacts import SavedModel
 from blocksync.ml import BlockSyncClassificationModel, BlockSyncClassifier
+from blocksync.pipeline.artifacts import SavedModel
 from blocksync.pipeline.evaluate import metrics, score
 
 

@@ -90,6 +90,18 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", progress="off")
         self._setDefault(**{name: _default(key) for name, (key, _, _) in TRAIN_PARAMS.items()})
 
+    def setFeaturesCol(self, value: str) -> TrainParams:
+        return self._set(featuresCol=value)
+
+    def setFeaturesCols(self, value: list[str]) -> TrainParams:
+        return self._set(featuresCols=value)
+
+    def setLabelCol(self, value: str) -> TrainParams:
+        return self._set(labelCol=value)
+
+    def setPredictionCol(self, value: str) -> TrainParams:
+        return self._set(predictionCol=value)
+
     def features_spec(self) -> str | list[str]:
         """featuresCols when set, else featuresCol: what `train` and `transform` take as `features`."""
         return self.getOrDefault("featuresCols") if self.isSet("featuresCols") else self.getFeaturesCol()
@@ -100,5 +112,14 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
         return TrainConfig(task=task, **settings, **extra)  # type: ignore[arg-type]
 
 
+def _setter(name: str) -> Any:
+    def set_value(self: TrainParams, value: Any) -> TrainParams:
+        return self._set(**{name: value})
+
+    set_value.__doc__ = f"Sets `{name}`."
+    return set_value
+
+
 for _name, (_key, _convert, _doc) in TRAIN_PARAMS.items():
     setattr(TrainParams, _name, Param(Params._dummy(), _name, f"{_doc} (TrainConfig.{_key})", typeConverter=_convert))
+    setattr(TrainParams, f"set{_name[0].upper()}{_name[1:]}", _setter(_name))  # setLr, setNumWorkers, ...

@@ -1,4 +1,5 @@
-"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`.
+"""`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`, and
+`blocksync predict --model RUN_OR_MODEL --input PATH_OR_TABLE --output PATH` for new data.
 
 The console script and `spark-submit jobs/<stage>.py` both call `main`.
 Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
@@ -33,13 +34,44 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
                      description="Block-synchronous PyTorch training on Spark.")
     if stage is None:
-        parser.add_argument("stage", choices=STAGES, help="what to run")
+        parser.add_argument("stage", choices=STAGES, help="what to run (or: predict --model M --input I --output O)")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar and no progress log lines; warnings, errors and the result only")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
     return parser
+
+
+def build_predict_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="blocksync predict", description="Score new data on the executors with a trained model.")
+    parser.add_argument("--model", required=True,
+                        help="a run directory (or its model/), or where a Spark ML model or PipelineModel was saved")
+    parser.add_argument("--input", required=True, help="Parquet or CSV path (any Spark filesystem), or a table")
+    parser.add_argument("--output", required=True, help="where to write the scored rows (Parquet)")
+    parser.add_argument("--master", default="local[4]", help="Spark master when not under spark-submit")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument("--trust-custom-code", action="store_true",
+                        help="allow a run's network named by an import path (imports and runs that code)")
+    parser.add_argument("--quiet", action="store_true", help="warnings, errors and the result only")
+    return parser
+
+
+def execute_predict(args: argparse.Namespace) -> int:
+    from blocksync.pipeline.predict import predict
+    from blocksync.pipeline.run_config import RunConfig, SparkSettings
+
+    if args.quiet:
+        logging.getLogger().setLevel(logging.WARNING)
+    spark = session_for(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-predict")))
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        rows = predict(spark, args.model, args.input, args.output, overwrite=args.overwrite,
+                       trust_custom_code=args.trust_custom_code)
+    finally:
+        spark.stop()
+    print(f"scored {rows} rows into {args.output}")
+    return 0
 
 
 def session_for(config):  # type: ignore[no-untyped-def]
@@ -136,6 +168,8 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if stage == "predict" or (stage is None and argv[:1] == ["predict"]):
+            return execute_predict(build_predict_parser().parse_args(argv[1:] if stage is None else argv))
         args = build_parser(stage).parse_intermixed_args(argv)
         return execute(stage or args.stage, args)
     except (ValueError, FileExistsError) as err:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.ml.functions import array_to_vector
 from pyspark.ml.stat import Summarizer
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -91,11 +91,16 @@ def standardization(train: DataFrame) -> tuple[list[float], list[float]]:
     return mean, std
 
 
-def apply_standardization(df: DataFrame, mean: list[float], std: list[float]) -> DataFrame:
+def standardized(features: Column, mean: list[float], std: list[float]) -> Column:
+    """(x - mean) / std per element, in double, as array<float>: prepare's and predict's one formula."""
     m = F.array(*[F.lit(v) for v in mean])
     s = F.array(*[F.lit(v) for v in std])
-    scaled = F.transform(F.col(FEATURES), lambda x, i: (x - F.element_at(m, i + 1)) / F.element_at(s, i + 1))
-    return df.withColumn(FEATURES, scaled.cast("array<float>"))
+    scaled = F.transform(features, lambda x, i: (x - F.element_at(m, i + 1)) / F.element_at(s, i + 1))
+    return scaled.cast("array<float>")
+
+
+def apply_standardization(df: DataFrame, mean: list[float], std: list[float]) -> DataFrame:
+    return df.withColumn(FEATURES, standardized(F.col(FEATURES), mean, std))
 
 
 def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, Any]:

@@ -50,7 +50,11 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
         return digits_frame(spark)
     if source == "synthetic":
         return synthetic_frame(spark, data.synthetic, task, data.seed)
-    fmt = data.format
+    return read_path_or_table(spark, source, data.format, setting="data.source")
+
+
+def read_path_or_table(spark: SparkSession, source: str, fmt: str, *, setting: str) -> DataFrame:
+    """A table name, or Parquet/CSV files at a path or URI (`fmt` auto: by the name); `setting` names it in errors."""
     uri = is_uri(source)
     looks_like_path = "/" in source or uri or Path(source).suffix in (".parquet", ".csv")
     if fmt == "auto":
@@ -58,8 +62,8 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
     if fmt == "table":
         if not spark.catalog.tableExists(source):
             raise ValueError(
-                f"data.source={source!r}: no such table (and not a path); give an existing table name, "
-                "a Parquet/CSV path, digits or synthetic."
+                f"{setting}={source!r}: no such table (and not a path); give an existing table name, "
+                "a Parquet/CSV path" + (", digits or synthetic." if setting == "data.source" else ".")
             )
         return spark.table(source)
     # No driver-side existence check: a scheme-less path is resolved by Spark's default filesystem
@@ -71,10 +75,10 @@ def load_source(spark: SparkSession, data: DataSettings, task: str) -> DataFrame
     except AnalysisException as err:
         if "UNABLE_TO_INFER_SCHEMA" in str(err.getCondition()):
             raise ValueError(
-                f"data.source={source!r} holds no {fmt} files (an empty folder?); point it at the data files."
+                f"{setting}={source!r} holds no {fmt} files (an empty folder?); point it at the data files."
             ) from err
         if "PATH_NOT_FOUND" in str(err.getCondition()):
-            raise ValueError(f"data.source={source!r} does not exist; check the path.") from err
+            raise ValueError(f"{setting}={source!r} does not exist; check the path.") from err
         raise
 
 

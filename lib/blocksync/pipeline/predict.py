@@ -1,0 +1,108 @@
+"""`blocksync predict`: score new, unlabeled data on the executors with a trained model.
+
+    blocksync predict --model runs/local --input new.parquet --output scored.parquet
+
+`--model` is either
+- a CLI run directory (or its `model/` folder): the input needs the run's raw
+  feature columns; the saved standardization is applied in Spark exactly as the
+  prepare stage did, and `prediction` holds the original label values; or
+- a path a blocksync Spark ML model or a PipelineModel was saved to: its own
+  stages prepare the features.
+
+Either way scoring is the Spark ML model's `transform` (predict_batch_udf, the
+network built once per Python worker), every input column is kept (ids
+included), and `prediction` plus, for classifiers, `probability` (an array of
+doubles) are appended. The output path is checked before any scoring.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyspark.ml.functions import vector_to_array
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from blocksync.engine.blocks import features_column
+from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
+from blocksync.ml.persistence import path_exists
+from blocksync.pipeline.artifacts import META, WEIGHTS, load_model
+from blocksync.pipeline.prepare import standardized
+from blocksync.pipeline.sources import read_path_or_table
+
+PREPARED = "__blocksync_features"
+
+
+def run_model(directory: Path, *, trust_custom_code: bool) -> tuple[BlockSyncModelBase, dict[str, Any]]:
+    """A CLI run's model as a Spark ML model, and its model.json (feature columns, standardization, labels)."""
+    saved = load_model(directory, trust_custom_code=trust_custom_code)  # checks files, weights and trust
+    folder = directory / "model" if (directory / "model" / META).is_file() else directory
+    meta = saved.meta
+    cls = BlockSyncClassificationModel if meta["task"] == "classification" else BlockSyncRegressionModel
+    model = cls((folder / WEIGHTS).read_bytes(), {k: meta[k] for k in ("model", "num_features", "num_outputs",
+                                                                       "task")})
+    model.setFeaturesCol(PREPARED)
+    return model, meta
+
+
+def _run_features(df: DataFrame, meta: dict[str, Any]) -> Column:
+    columns = meta["feature_columns"]
+    try:
+        x = features_column(df, columns)
+    except ValueError as err:
+        raise ValueError(f"--input does not fit this model: {err}") from err
+    return standardized(x, meta["mean"], meta["std"]) if meta.get("mean") is not None else x
+
+
+def _original_labels(prediction: Column, labels: list[Any] | None) -> Column:
+    if labels is None:
+        return prediction
+    return F.element_at(F.array(*[F.lit(v) for v in labels]), prediction.cast("int") + 1)
+
+
+def score_new_data(spark: SparkSession, model_path: str, df: DataFrame, *, trust_custom_code: bool = False
+                   ) -> DataFrame:
+    """`df` with every column kept, plus `prediction` and (classifiers) `probability` as array<double>."""
+    directory = Path(model_path)
+    if (directory / META).is_file() or (directory / "model" / META).is_file():
+        model, meta = run_model(directory, trust_custom_code=trust_custom_code)
+        scored = model.transform(df.withColumn(PREPARED, _run_features(df, meta))).drop(PREPARED)
+        scored = scored.withColumn("prediction", _original_labels(F.col("prediction"), meta.get("labels")))
+    else:
+        scored = _spark_ml_model(spark, model_path).transform(df)
+    if "rawPrediction" in scored.columns and "rawPrediction" not in df.columns:
+        scored = scored.drop("rawPrediction")
+    if "probability" in scored.columns and "probability" not in df.columns:
+        scored = scored.withColumn("probability", vector_to_array(F.col("probability")))
+    return scored
+
+
+def _spark_ml_model(spark: SparkSession, path: str) -> Any:
+    from pyspark.ml.util import DefaultParamsReader
+
+    try:
+        metadata = DefaultParamsReader.loadMetadata(path, spark)
+    except Exception as err:  # a missing path or a folder without Spark ML metadata
+        raise ValueError(f"--model {path} is neither a blocksync run (model/{META}) nor a saved Spark ML model "
+                         "(metadata/); give a run directory or a path a model was saved to.") from err
+    if metadata["class"] == "pyspark.ml.pipeline.PipelineModel":
+        from pyspark.ml import PipelineModel
+
+        return PipelineModel.load(path)
+    cls = {c.__module__ + "." + c.__name__: c for c in (BlockSyncClassificationModel, BlockSyncRegressionModel)}
+    if metadata["class"] not in cls:
+        raise ValueError(f"--model {path} holds a {metadata['class']}; give a blocksync model or a PipelineModel.")
+    return cls[metadata["class"]].load(path)
+
+
+def predict(spark: SparkSession, model: str, source: str, output: str, *, overwrite: bool = False,
+            trust_custom_code: bool = False) -> int:
+    """Score `source` (Parquet/CSV path or table) with `model`; write Parquet to `output`; return the row count."""
+    if path_exists(spark, output) and not overwrite:
+        raise FileExistsError(f"--output {output} already exists; pass --overwrite or choose another path.")
+    df = read_path_or_table(spark, source, "auto", setting="--input")
+    scored = score_new_data(spark, model, df, trust_custom_code=trust_custom_code)
+    scored.write.mode("overwrite" if overwrite else "errorifexists").parquet(output)
+    return int(spark.read.parquet(output).count())
+
