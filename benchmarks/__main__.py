@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "memory", "netcluster", "scaling")
-NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers", "memory")
+BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "memory", "scoring", "netcluster", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers", "memory", "scoring")
 REPO = Path(__file__).resolve().parent.parent
 
 
