@@ -112,15 +112,13 @@ def run(spark) -> dict:
     results = {}
     for name in ("logreg", "mlp"):
         module, weights, model = _model(name)
-        contenders = {"blocksync": lambda: model.transform(data),
-                      "hand_written": lambda: _hand_written(data, name, weights)}
+        contenders = {"blocksync": model.transform(data), "hand_written": _hand_written(data, name, weights)}
         if name == "logreg":
-            lr = _mllib(spark, module)
-            contenders["mllib"] = lambda: lr.transform(vectors)
+            contenders["mllib"] = _mllib(spark, module).transform(vectors)
         seconds: dict[str, list[float]] = {k: [] for k in contenders}
         for _ in range(REPEATS):
             for key, frame in contenders.items():  # alternating
-                seconds[key].append(_timed(frame()))
+                seconds[key].append(_timed(frame))
         results[name] = {k: {"seconds": v, "rows_per_sec": ROWS / median(v)} for k, v in seconds.items()}
         print(name, {k: round(r["rows_per_sec"]) for k, r in results[name].items()}, flush=True)
     data.unpersist(), vectors.unpersist()
