@@ -13,6 +13,7 @@ from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClass
 from pyspark.ml.feature import StandardScaler, StringIndexer, VectorAssembler
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
+from pyspark.ml.util import DefaultParamsWriter
 from safetensors.numpy import load as load_numpy
 
 from blocksync import TrainConfig, train
@@ -95,6 +96,12 @@ def test_a_saved_pipeline_loads_and_predicts_bit_for_bit(spark, tuned, species, 
     before = [tuple(r) for r in tuned.bestModel.transform(species).orderBy("id").select(columns).collect()]
     after = [tuple(r) for r in loaded.transform(species).orderBy("id").select(columns).collect()]
     assert after == before
+    # The estimator persists too, with every Param (dicts included).
+    clf = BlockSyncClassifier(**COMMON, model={"name": "mlp", "hidden": [8]}, checkpoint={"dir": "/tmp/c"}, lr=0.2)
+    clf.save(str(tmp_path / "estimator"))
+    again = BlockSyncClassifier.load(str(tmp_path / "estimator"))
+    assert {p.name: v for p, v in again.extractParamMap().items()} == {
+        p.name: v for p, v in clf.extractParamMap().items()}
     # `blocksync predict` takes the saved pipeline too: its own stages prepare the features.
     new_rows = species.drop("species")
     scored = score_new_data(spark, path, new_rows).orderBy("id")
@@ -153,7 +160,7 @@ def test_parallel_fits_that_would_overrun_the_slots_take_turns(caplog):
         assert gate.held == 4
 
 
-def test_bad_input_is_named_and_nothing_is_half_written(spark, tuned, species, tmp_path):
+def test_bad_input_is_named_and_nothing_is_half_written(spark, tuned, species, tmp_path, monkeypatch):
     model = tuned.bestModel.stages[-1]
     # A features column of the wrong type, or the wrong width.
     with pytest.raises(ValueError, match="species"):
@@ -180,6 +187,15 @@ def test_bad_input_is_named_and_nothing_is_half_written(spark, tuned, species, t
     assert [p.name for p in taken.iterdir()] == ["keep.txt"]
     model.write().overwrite().save(str(taken))
     assert BlockSyncClassificationModel.load(str(taken)).numFeatures == 5
+    # A save that fails after the weights are written leaves nothing at the path.
+    def broken_metadata(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(DefaultParamsWriter, "saveMetadata", broken_metadata)
+    with pytest.raises(OSError, match="disk full"):
+        model.write().save(str(tmp_path / "half"))
+    assert not (tmp_path / "half").exists()
+    monkeypatch.undo()
     # Loading what is not a blocksync model.
     with pytest.raises(ValueError, match="holds no saved Spark ML model"):
         BlockSyncClassificationModel.load(str(tmp_path / "nothing-here"))

@@ -92,7 +92,10 @@ def wait_for_file(path: Path, proc, seconds: float) -> None:
 def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path, data):
     step_seconds = 6
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
-                "epochs": 8, "backend": "torch_gloo", "timeouts": {"step_seconds": step_seconds}}
+                "epochs": 8, "backend": "torch_gloo", "timeouts": {"step_seconds": step_seconds},
+                # About 60 ms a step (not 1 ms): the cut lands mid-run, after the step-5 checkpoint the test
+                # waits for (seen in CI: a run 3 of 1 ms steps ended between two polls of the file).
+                "faults": {"slow_rank": 0, "slow_ms": 60}}
     out, log = tmp_path / "report.json", tmp_path / "job.log"
     with NetCluster(tmp_path, hosts=3).start() as net:
         proc = net.submit_background(str(REPO / "tests" / "jobs" / "netfault_job.py"), str(out), data,

@@ -86,3 +86,18 @@ def test_03_compression_and_monitoring(spark, tmp_path):
     assert table.loc["topk", "payload_bytes_per_step"] == math.ceil(0.01 * num_params) * (4 + 2) == 1038
     assert ns["straggler_metrics"]["stragglers"] == [2]
     assert (tmp_path / "cmp" / "straggler" / "timeline.json").exists()
+
+
+def test_04_spark_ml_pipeline(spark, tmp_path):
+    digits = digits_frame(spark).withColumn("digit", F.concat(F.lit("d"), F.col("label").cast("string"))).drop("label")
+    digits.createOrReplaceTempView("notebook_digits_ml")
+    ns = run_notebook("04_spark_ml_pipeline.py", spark, {
+        "table": "notebook_digits_ml", "label": "digit", "epochs": "4", "learning_rates": "0.00001,0.01",
+        "model_path": str(tmp_path / "pipeline-model"),
+    })
+    assert len(ns["columns"]) == 64
+    low, high = ns["tuned"].avgMetrics
+    assert high > 0.9 and low < high  # a learning rate of 1e-5 barely moves in 4 epochs
+    assert ns["tuned"].bestModel.stages[-1].getOrDefault("lr") == 0.01
+    assert ns["new_accuracy"] > 0.9
+    assert (tmp_path / "pipeline-model" / "stages").is_dir()

@@ -24,13 +24,15 @@ def job(spark: SparkSession) -> dict:
     clean = train(spark, df, TrainConfig(**settings))
     report: dict = {"clean_history": clean.history}
     try:
-        train(spark, df, TrainConfig(**settings, checkpoint={"dir": str(workdir / "ckpt-exhaust"), "every_steps": 5}))
+        train(spark, df, TrainConfig(**settings, checkpoint={"dir": str(workdir / "ckpt-exhaust"), "every_steps": 5,
+                                                             "keep": 50}))
         report["exhausted"] = None
     except TrainingError as err:
         report["exhausted"] = str(err)
     (workdir / "exhausted.json").write_text(json.dumps(report["exhausted"]))
     faulty = train(spark, df, TrainConfig(**settings, max_restarts=1,
-                                          checkpoint={"dir": str(workdir / "ckpt-relaunch"), "every_steps": 5}))
+                                          checkpoint={"dir": str(workdir / "ckpt-relaunch"), "every_steps": 5,
+                                                      "keep": 50}))
     report.update(
         faulty_history=faulty.history,
         resumed_at=[s["resumed_at"] for s in faulty.rank_summaries],

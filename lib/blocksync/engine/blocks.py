@@ -41,6 +41,9 @@ class BlockInfo:
     labels: tuple[float, float, int] | None = None
     """(min, max, number of non-integer labels), when `make_blocks` counted them on its
     pass over the data; None makes the launcher scan the blocks for them."""
+    val_sizes: list[int] | None = None
+    """Held-out validation rows per block, which follow its `sizes` training rows in the
+    partition; None: no validation."""
 
 
 def _is_vector(dtype: T.DataType) -> bool:
@@ -172,6 +175,20 @@ def label_facts(rows: list) -> tuple[float, float, int]:
             sum(int(r["fractional"] or 0) for r in rows))
 
 
+def validation_flag(df: DataFrame, column: str | None) -> Column:
+    """`column` as the held-out flag (a boolean, or 0/1 numbers), checked; no column: nothing held out."""
+    if column is None:
+        return F.lit(False)
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    if column not in schema:
+        raise ValueError(f"validation column {column!r} not in the DataFrame (columns: {sorted(schema)}); "
+                         "name a boolean column that marks the held-out rows.")
+    if not isinstance(schema[column], (T.BooleanType, *_NUMERIC)):
+        raise ValueError(f"validation column {column!r} is {schema[column].simpleString()}; it must be "
+                         "boolean (true: a held-out validation row).")
+    return F.col(column).cast("boolean")
+
+
 def make_blocks(
     df: DataFrame,
     *,
@@ -179,24 +196,69 @@ def make_blocks(
     label: str,
     num_workers: int,
     seed: int,
+    validation_col: str | None = None,
+    validation_fraction: float = 0.0,
 ) -> tuple[DataFrame, BlockInfo]:
-    """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo)."""
+    """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo).
+
+    With validation (rows flagged by `validation_col`, or a seeded content-hashed
+    `validation_fraction`), held-out rows are balanced over the blocks on their
+    own and placed after each block's training rows.
+    """
     check_label_not_a_feature(features, label)
-    data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL))
+    data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL),
+                     validation_flag(df, validation_col).alias("_val"))
+    if validation_fraction > 0:
+        share = F.pmod(F.xxhash64(F.lit(seed + 1), F.col(FEATURES), F.col(LABEL)), F.lit(1_000_000))
+        data = data.withColumn("_val", share < F.lit(int(validation_fraction * 1_000_000)))
 
     key = F.xxhash64(F.lit(seed), F.col(FEATURES), F.col(LABEL))
     num_buckets = max(4 * num_workers, 16)
     keyed = data.withColumn("_key", key).withColumn("_bucket", F.pmod(F.col("_key"), F.lit(num_buckets)))
-
-    stats = keyed.groupBy("_bucket").agg(
+    stats = keyed.groupBy("_val", "_bucket").agg(
         F.count(F.lit(1)).alias("n"),
         F.min(F.size(FEATURES)).alias("dmin"),
         F.max(F.size(FEATURES)).alias("dmax"),
         F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
         *label_aggregates(),
     ).collect()
-    total = sum(int(r["n"]) for r in stats)
-    if total == 0:
+    num_features = _check_stats(stats)
+    totals = {held: sum(int(r["n"]) for r in stats if r["_val"] is held) for held in (False, True)}
+    if any(r["_val"] is None for r in stats):
+        raise ValueError(f"validation column {validation_col!r} has nulls; mark every row true or false.")
+    check_enough_rows(totals[False], num_workers)
+
+    offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
+    index_in_bucket = F.row_number().over(
+        Window.partitionBy("_val", "_bucket").orderBy("_key", FEATURES, LABEL)) - 1
+    bucket = F.col("_bucket").cast("int") + 1
+    bucket_offset = F.when(F.col("_val"), F.element_at(F.array(*[F.lit(o) for o in offsets[True]]), bucket)).otherwise(
+        F.element_at(F.array(*[F.lit(o) for o in offsets[False]]), bucket))
+    assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
+    blocks = place_blocks(assigned, block="_block", order=["_val", "_key", FEATURES, LABEL], num_workers=num_workers)
+    sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
+    held_out = sizes[True] if (validation_col is not None or validation_fraction > 0) else None
+    return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
+                             val_sizes=held_out)
+
+
+def _balanced(total: int, num_workers: int) -> list[int]:
+    return [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
+
+
+def _bucket_offsets(stats: list, held: bool, num_buckets: int) -> list[int]:
+    """Rows of the flagged (or unflagged) set before each bucket: where its rows start in the round-robin."""
+    counts = {int(r["_bucket"]): int(r["n"]) for r in stats if r["_val"] is held}
+    offsets, running = [], 0
+    for b in range(num_buckets):
+        offsets.append(running)
+        running += counts.get(b, 0)
+    return offsets
+
+
+def _check_stats(stats: list) -> int:
+    """The feature width every row shares; raises on empty data, ragged or empty features, null labels."""
+    if sum(int(r["n"]) for r in stats) == 0:
         raise ValueError("the training data is empty (0 rows); check the input path, table or filter.")
     dims = {int(r["dmin"]) for r in stats} | {int(r["dmax"]) for r in stats}
     if len(dims) != 1 or -1 in dims:
@@ -210,21 +272,7 @@ def make_blocks(
     null_labels = sum(int(r["null_labels"]) for r in stats)
     if null_labels:
         raise ValueError(f"{null_labels} rows have a null label; drop or fill them before training.")
-    check_enough_rows(total, num_workers)
-
-    counts = {int(r["_bucket"]): int(r["n"]) for r in stats}
-    offsets, running = [], 0
-    for b in range(num_buckets):
-        offsets.append(running)
-        running += counts.get(b, 0)
-
-    index_in_bucket = F.row_number().over(Window.partitionBy("_bucket").orderBy("_key", FEATURES, LABEL)) - 1
-    bucket_offset = F.element_at(F.array(*[F.lit(o) for o in offsets]), F.col("_bucket").cast("int") + 1)
-    assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
-    blocks = place_blocks(assigned, block="_block", order=["_key", FEATURES, LABEL], num_workers=num_workers)
-    sizes = [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
-    labels = label_facts(stats)
-    return blocks, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)
+    return num_features
 
 
 def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: int) -> DataFrame:

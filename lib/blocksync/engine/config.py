@@ -200,6 +200,12 @@ class TrainConfig:
     """Learning-rate schedule over all steps."""
     warmup_steps: int = 0
     """Linear warm-up steps before the schedule."""
+    validation_fraction: float = 0.0
+    """Share of the rows held out (content-hashed with the seed) for a validation loss and metric after each
+    epoch, computed by every rank on its held-out rows and all-reduced; 0: none (or pass train(validation=COL))."""
+    early_stopping_patience: int = 0
+    """With validation: stop after this many epochs without a lower validation loss and return the weights
+    of the epoch with the lowest one (every rank decides on the same all-reduced loss); 0: off."""
     seed: int = 0
     """Seeds model init (rank 0, then broadcast), block assignment and per-epoch shuffles."""
     check_every: int = 50
@@ -274,6 +280,12 @@ class TrainConfig:
         for name in ("num_workers", "sync_every", "epochs", "batch_size", "gloo_timeout_seconds", "memory_budget_mb"):
             _positive(name, getattr(self, name))
         _positive("lr", self.lr)
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction={self.validation_fraction} must be in [0, 1).")
+        _positive("early_stopping_patience", self.early_stopping_patience, allow_zero=True)
+        if self.blocks == "files" and (self.validation_fraction or self.early_stopping_patience):
+            raise ValueError("validation_fraction and early_stopping_patience hold rows out while Spark cuts the "
+                             "blocks: set blocks=shuffle, or set them to 0.")
         _positive("warmup_steps", self.warmup_steps, allow_zero=True)
         _positive("check_every", self.check_every, allow_zero=True)
         _positive("weight_decay", self.weight_decay, allow_zero=True)

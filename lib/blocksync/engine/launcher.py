@@ -218,21 +218,31 @@ def train(
     features: str | list[str] = "features",
     label: str = "label",
     progress: str = "off",
+    validation: str | None = None,
 ) -> TrainResult:
     """Train `config.model` on `df` by block-synchronous data parallelism.
 
     `features` names an array<float> column, an ML vector column, or a list of
     numeric columns; `label` a numeric column (class index or target).
     `progress`: "bar" (tqdm on stderr, fed by rank 0 during the stage), "log"
-    (a log line per epoch) or "off".
+    (a log line per epoch) or "off". `validation` names a boolean column whose
+    true rows are held out for the per-epoch validation loss (instead of
+    `config.validation_fraction`).
     """
     if config.blocks == "files":
         raise ValueError(
             "blocks=files reads Parquet files directly, so it needs their path: call "
             "train_files(spark, path, config), or set blocks=shuffle to train on a DataFrame."
         )
+    if validation is not None and config.validation_fraction > 0:
+        raise ValueError(f"both a validation column ({validation!r}) and validation_fraction="
+                         f"{config.validation_fraction} were given; use one of them.")
+    if config.early_stopping_patience and validation is None and not config.validation_fraction:
+        raise ValueError(f"early_stopping_patience={config.early_stopping_patience} needs validation rows: set "
+                         "validation_fraction, or pass a validation column.")
     check_slots(spark, config.num_workers)
-    blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed)
+    blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
+                               validation_col=validation, validation_fraction=config.validation_fraction)
     return train_blocks(spark, blocks, info, config, progress=progress)
 
 
@@ -251,6 +261,9 @@ def train_files(
     The files must be readable from every executor at the same path (a shared or
     object-store filesystem on a cluster). `config.blocks` is ignored here.
     """
+    if config.validation_fraction or config.early_stopping_patience:
+        raise ValueError("validation_fraction and early_stopping_patience need blocks cut by Spark: call "
+                         "train(spark, df, config) (blocks=shuffle), or set them to 0.")
     check_slots(spark, config.num_workers)
     shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers)
     # One empty partition per rank: the barrier stage needs N tasks, and each reads its own rows.
@@ -295,6 +308,7 @@ def train_blocks(
         steps_per_epoch=per_epoch,
         shards=shards,
         block_rows=list(info.sizes),
+        val_rows=list(info.val_sizes) if info.val_sizes is not None else None,
         storage=storage,
     )
     check_checkpoint(config, info.num_features, num_outputs)

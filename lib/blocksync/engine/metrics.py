@@ -51,15 +51,16 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
     train_seconds = max(s["train_seconds"] for s in summaries)
     # After a relaunch, the timings and seconds cover the final attempt: the steps from its checkpoint on.
     resumed_at = summaries[0]["resumed_at"]
-    samples = plan.total_rows * (plan.total_steps - resumed_at) / plan.steps_per_epoch
+    steps = summaries[0]["steps"]  # plan.total_steps, or fewer after an early stop
+    samples = plan.total_rows * (steps - resumed_at) / plan.steps_per_epoch
     timing = timing_summary(summaries)
     stragglers = find_stragglers(timing, config.straggler_factor, config.straggler_min_ms)
     if stragglers:
         log.warning("straggler rank(s) %s: median compute above %.1fx the ranks' median", stragglers,
                     config.straggler_factor)
     return {
-        "epochs": config.epochs,
-        "steps": plan.total_steps,
+        "epochs": len(summaries[0]["history"]),
+        "steps": steps,
         "num_workers": config.num_workers,
         "backend": config.backend,
         "sync": config.sync,
@@ -74,7 +75,7 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "block_storage": summaries[0].get("block_storage", "memory"),
         "peak_rss_mb": [s.get("peak_rss_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
-        "payload_bytes_per_step": summaries[0]["payload_bytes"] / plan.total_steps,
+        "payload_bytes_per_step": summaries[0]["payload_bytes"] / max(steps, 1),
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
         "timing": timing,
         "stragglers": stragglers,

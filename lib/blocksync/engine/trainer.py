@@ -14,7 +14,12 @@ rank's block, and runs the loop one named piece at a time:
   and every `sync_every` steps sets the sample-weighted mean of the replicas'
   parameters (local SGD).
 - `end_epoch()`: one small all-reduce makes the epoch's loss and accuracy
-  global; the result goes into the history.
+  global; the result goes into the history. With validation rows, a second one
+  sums every rank's loss and correct count on its held-out rows (eval mode, no
+  gradients) into `val_loss` and `val_accuracy`. Early stopping compares that
+  all-reduced loss, identical on every rank, so every rank stops after the same
+  epoch; the weights of the best epoch are kept (and travel in checkpoints) and
+  become the result.
 - `snapshot()`: every rank writes its part of a checkpoint at the same step.
 
 Divergence: the exchanged gradient (or the averaged parameters, or the epoch's
@@ -86,9 +91,12 @@ def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 class Trainer:
     def __init__(self, plan: WorkerPlan, coll: Collective, block: Block, block_rows: list[int],
-                 device: torch.device, beat: Heartbeat) -> None:
+                 device: torch.device, beat: Heartbeat,
+                 validation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg = self.cfg = plan.config
         self.plan, self.coll, self.block, self.device, self.beat = plan, coll, block, device, beat
+        self.validation = validation
+        self.best_params: torch.Tensor | None = None  # early stopping: the lowest val_loss epoch's weights
         self.rank = coll.rank
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
@@ -127,11 +135,13 @@ class Trainer:
         self.optimizer.load_state_dict(snap.optimizer)
         self.schedule.load_state_dict(snap.scheduler)
         torch.set_rng_state(snap.rng)
-        own = {k: v for k, v in snap.rank_state.items() if k not in ("epoch_stats", "traffic")}
+        own = {k: v for k, v in snap.rank_state.items() if k not in ("epoch_stats", "traffic", "best_params")}
         self.compressor.load_state(own)
         self.epoch_stats = snap.rank_state["epoch_stats"].clone()
         if "traffic" in snap.rank_state:
             self.traffic = snap.rank_state["traffic"].clone()
+        if "best_params" in snap.rank_state:
+            self.best_params = snap.rank_state["best_params"].clone().to(self.device)
         self.history, self.step_count = snap.history, snap.step
         self.first_step = snap.step
         log.info("rank %d: resumed from %s at step %d", self.rank, path, snap.step)
@@ -149,8 +159,13 @@ class Trainer:
                 if s_in_epoch < per_epoch - 1:
                     self.snapshot()
             self.end_epoch(epoch)
+            stop = self.stop_early()  # before the snapshot: a resumed run needs this epoch's best weights
             self.snapshot()
+            if stop:
+                break
         seconds = time.perf_counter() - self.started
+        if self.best_params is not None:
+            set_params(self.model, self.best_params)
         self.beat.at(self.step_count, "sync")
         check_replicas(self.coll, self.model, self.step_count)
         return seconds
@@ -254,10 +269,46 @@ class Trainer:
         entry = {"epoch": epoch + 1, "step": self.step_count, "train_loss": loss_total / samples}
         if self.cfg.task == "classification":
             entry["train_accuracy"] = correct / samples
+        if self.validation is not None:
+            entry.update(self.validate())
         self.history.append(entry)
         if self.rank == 0:
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=entry["train_loss"],
                                samples_per_sec=self.rate(), epoch_end=True)
+
+    def validate(self) -> dict[str, float]:
+        """Collective: the loss (and accuracy) over every rank's held-out rows, with these weights."""
+        assert self.validation is not None
+        x, y = self.validation
+        stats = torch.zeros(3, dtype=torch.float64)
+        self.model.eval()
+        with torch.no_grad():
+            for lo in range(0, x.shape[0], 4096):
+                out = self.model(x[lo:lo + 4096]).float()
+                stats[0] += out.shape[0]
+                stats[1] += float(loss_sum(out, y[lo:lo + 4096], self.cfg.task))
+                if self.cfg.task == "classification":
+                    stats[2] += float((out.argmax(1) == y[lo:lo + 4096].long()).sum())
+        self.model.train()
+        samples, loss_total, correct = self.coll.allreduce_sum(stats.float()).double().tolist()
+        if not samples:
+            return {}
+        entry = {"val_loss": loss_total / samples}
+        if self.cfg.task == "classification":
+            entry["val_accuracy"] = correct / samples
+        return entry
+
+    def stop_early(self) -> bool:
+        """After an epoch: keep the best weights; stop once `early_stopping_patience` epochs did not improve.
+        The all-reduced val_loss is the same on every rank, so every rank decides the same."""
+        patience = self.cfg.early_stopping_patience
+        losses = [e["val_loss"] for e in self.history if "val_loss" in e]
+        if not patience or not losses:
+            return False
+        best = int(np.argmin(losses))
+        if best == len(losses) - 1:
+            self.best_params = flat_params(self.model).detach().clone()
+        return len(losses) - 1 - best >= patience
 
     def snapshot(self) -> None:
         """Collective: when a checkpoint is due, every rank writes its part at this same step."""
@@ -269,7 +320,8 @@ class Trainer:
             cfg.checkpoint.dir, rank=self.rank, step=step, keep=cfg.checkpoint.keep,
             barrier=lambda: self.coll.allreduce_sum(torch.zeros(1)), model=self.model, optimizer=self.optimizer,
             scheduler=self.schedule, history=self.history,
-            rank_state={**self.compressor.state(), "epoch_stats": self.epoch_stats, "traffic": self.traffic},
+            rank_state={**self.compressor.state(), "epoch_stats": self.epoch_stats, "traffic": self.traffic,
+                        **({"best_params": self.best_params} if self.best_params is not None else {})},
         )
 
     def diverged(self, what: str) -> TrainingDiverged:

@@ -100,6 +100,8 @@ class WorkerPlan:
     task's input partition is its block."""
     block_rows: list[int] | None = None
     """Rows of each rank's block, as the driver counted them (memory mode allocates the block once)."""
+    val_rows: list[int] | None = None
+    """Held-out validation rows of each rank, after its `block_rows` in the partition; None: no validation."""
     storage: str = "memory"
     """`memory` or `disk`: train.block_storage, with `auto` resolved by the driver (`storage`)."""
 
@@ -174,7 +176,9 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             log.warning("rank %d: %s", rank, warning)
         reset_peak_rss()
         t0 = time.perf_counter()
-        block, problem = _load_block(plan, batches, rank, device)
+        held_out: list[tuple[np.ndarray, np.ndarray]] = []
+        block, problem = _load_block(plan, batches, rank, device, held_out)
+        validation = _validation_set(plan, held_out, device)
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
                  "device_warning": warning, "block_storage": plan.storage}
         try:
@@ -183,7 +187,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             coll, rows = _agree_and_connect(plan, ctx, block.rows, problem)
             facts["startup_seconds"] = time.perf_counter() - t0
             try:
-                trainer = Trainer(plan, coll, block, rows, device, beat)
+                trainer = Trainer(plan, coll, block, rows, device, beat, validation)
                 if plan.resume_from:
                     trainer.resume(plan.resume_from)
                 train_seconds = trainer.run()
@@ -201,13 +205,16 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         relay.close()
 
 
-def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int,
-                device: torch.device) -> tuple[Block, str]:
+def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, device: torch.device,
+                held_out: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Block, str]:
     """(block, problem): the rank's block as it arrives, checked piece by piece, into memory or onto
-    disk (`plan.storage`); or an empty block and what is wrong with the data."""
+    disk (`plan.storage`); or an empty block and what is wrong with the data. Validation rows (after
+    the block's rows) are appended to `held_out`, in memory."""
     expected = plan.block_rows[rank] if plan.block_rows else 0
     try:
         pieces = _checked(plan, _incoming(plan, batches, rank))
+        if plan.val_rows is not None:
+            pieces = _split_tail(pieces, expected, held_out)
         if plan.storage == "disk":
             writer = DiskBlockWriter(plan.num_features, expected)
             try:
@@ -235,6 +242,28 @@ def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) ->
     for batch in batches:
         if batch.num_rows:
             yield batch_arrays(batch)
+
+
+def _validation_set(plan: WorkerPlan, held_out: list[tuple[np.ndarray, np.ndarray]],
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This rank's held-out rows as tensors (possibly none of them); None when the run has no validation."""
+    if plan.val_rows is None:
+        return None
+    x = np.concatenate([p[0] for p in held_out]) if held_out else np.zeros((0, plan.num_features), np.float32)
+    y = np.concatenate([p[1] for p in held_out]) if held_out else np.zeros(0)
+    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+def _split_tail(pieces: Iterator[tuple[np.ndarray, np.ndarray]], keep: int,
+                tail: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The first `keep` rows; the rest (the held-out validation rows) go to `tail` as they arrive."""
+    for x, y in pieces:
+        take = max(0, min(len(x), keep))
+        keep -= take
+        if take:
+            yield x[:take], y[:take]
+        if take < len(x):
+            tail.append((x[take:], y[take:]))
 
 
 def _checked(plan: WorkerPlan, pieces: Iterator[tuple[np.ndarray, ...]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -317,11 +346,12 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "peak_rss_mb": peak_rss_mb(),
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
+        "epochs_run": len(trainer.history),
         **facts,
         "bytes_sent": float(trainer.traffic[1]),
         "payload_bytes": float(trainer.traffic[0]),
         "num_params": trainer.num_params,
-        "step_timings": trainer.timings[trainer.first_step:].round(7).tolist(),
+        "step_timings": trainer.timings[trainer.first_step:trainer.step_count].round(7).tolist(),
         "history": trainer.history if rank == 0 else [],
         "digest": params_digest(trainer.model),
     }

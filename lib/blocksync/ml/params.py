@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol
+from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIndicatorCol
 
 from blocksync.engine.config import CheckpointSettings, HorovodSettings, ModelSpec, TimeoutSettings, TrainConfig
 
@@ -52,6 +52,10 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "weightDecay": ("weight_decay", _FLOAT, "L2 penalty (decoupled for adamw)"),
     "schedule": ("schedule", _STR, "learning-rate schedule: constant, cosine or step"),
     "warmupSteps": ("warmup_steps", _INT, "linear warm-up steps"),
+    "validationFraction": ("validation_fraction", _FLOAT,
+                           "share of rows held out for a per-epoch validation loss (or validationIndicatorCol)"),
+    "earlyStoppingPatience": ("early_stopping_patience", _INT,
+                              "epochs without a lower validation loss before stopping (best weights kept); 0: off"),
     "seed": ("seed", _INT, "seeds model init, block assignment and shuffles"),
     "checkEvery": ("check_every", _INT, "steps between replica-consistency checks; 0: only at the end"),
     "device": ("device", _STR, "auto (the task's GPU if usable), cpu or cuda"),
@@ -75,7 +79,7 @@ def _default(field_name: str) -> Any:
     return {f.name: getattr(value, f.name) for f in fields(value)} if hasattr(value, "__dataclass_fields__") else value
 
 
-class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
+class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIndicatorCol):
     """The training settings, the columns, and `progress`."""
 
     featuresCols: Param[list[str]] = Param(
@@ -101,6 +105,10 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
 
     def setPredictionCol(self, value: str) -> TrainParams:
         return self._set(predictionCol=value)
+
+    def validation_column(self) -> str | None:
+        """validationIndicatorCol when set: its true rows are held out for the per-epoch validation loss."""
+        return self.getValidationIndicatorCol() if self.isSet("validationIndicatorCol") else None
 
     def features_spec(self) -> str | list[str]:
         """featuresCols when set, else featuresCol: what `train` and `transform` take as `features`."""
