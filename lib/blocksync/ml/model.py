@@ -4,7 +4,7 @@
 for the classifier, `rawPredictionCol` (the network's logits) and
 `probabilityCol` (their softmax), both as Spark ML vectors, so the MLlib
 evaluators read the output directly. An output column Param set to "" is not
-written.
+written, nor computed: the Python side returns only the requested outputs.
 
 Scoring runs through `pyspark.ml.functions.predict_batch_udf`: each Python
 worker builds the network from the safetensors weights once (Spark's model
@@ -48,8 +48,10 @@ def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
     return module.eval()
 
 
-def _make_predict(meta: dict[str, Any], weights: bytes) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
-    """Runs once per Python worker (predict_batch_udf caches it): the network, then its batch scorer."""
+def _make_predict(meta: dict[str, Any], weights: bytes,
+                  fields: tuple[str, ...]) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """Runs once per Python worker (predict_batch_udf caches it): the network, then its batch scorer,
+    which returns `fields` only, of `prediction` (always), `raw` (the logits) and `probability`."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -63,8 +65,9 @@ def _make_predict(meta: dict[str, Any], weights: bytes) -> Callable[[np.ndarray]
             out = module(x).double()
         if not classification:
             return {"prediction": out.squeeze(-1).numpy()}
-        return {"prediction": out.argmax(dim=1).double().numpy(), "raw": out.numpy(),
-                "probability": torch.softmax(out, dim=1).numpy()}
+        every = {"prediction": lambda: out.argmax(dim=1).double().numpy(), "raw": out.numpy,
+                 "probability": lambda: torch.softmax(out, dim=1).numpy()}
+        return {f: every[f]() for f in fields}
 
     return predict
 
@@ -102,7 +105,7 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
         return ModelReader(cls)
 
     def _outputs(self) -> dict[str, tuple[str, Callable[[Column], Column]]]:
-        """Output Param value -> (field of the scorer's struct, how it becomes the column)."""
+        """Output Param value -> (the scorer's field, how that field becomes the column)."""
         return {self.getPredictionCol(): ("prediction", lambda c: c)}
 
     def _features(self, dataset: DataFrame) -> Column:
@@ -120,11 +123,12 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
         if clash:
             raise ValueError(f"the input already has column(s) {clash}; set other output column names "
                              "(predictionCol, probabilityCol, rawPredictionCol) or drop them first.")
-        fields = [T.StructField("prediction", T.DoubleType())]
-        if self._meta["task"] == "classification":
-            fields += [T.StructField(name, T.ArrayType(T.DoubleType())) for name in ("raw", "probability")]
-        scorer = predict_batch_udf(partial(_make_predict, self._meta, self._weights),
-                                   return_type=T.StructType(fields), batch_size=self.getOrDefault("scoreBatchSize"),
+        # Only the requested outputs cross from Python (an empty column Param skips one), prediction always.
+        fields = tuple(dict.fromkeys(["prediction", *(field for field, _ in outputs.values())]))
+        schema = T.StructType([T.StructField(f, T.DoubleType() if f == "prediction" else T.ArrayType(T.DoubleType()))
+                               for f in fields])
+        scorer = predict_batch_udf(partial(_make_predict, self._meta, self._weights, fields), return_type=schema,
+                                   batch_size=self.getOrDefault("scoreBatchSize"),
                                    input_tensor_shapes=[[self.numFeatures]])
         scored = dataset.withColumn(SCORED, scorer(self._features(dataset)))
         columns = [F.col(c) for c in dataset.columns]
