@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from pyspark.sql import functions as F
 
 from blocksync import TrainConfig, train
 from blocksync.ml import BlockSyncClassifier
@@ -77,5 +78,12 @@ def test_a_validation_fraction_holds_rows_out_and_bad_settings_are_named(spark):
         train(spark, df, TrainConfig(num_workers=2), validation="nope")
     with pytest.raises(ValueError, match="validation column 'features' is array<float>; it must be boolean"):
         train(spark, df, TrainConfig(num_workers=2), validation="features")
+    with pytest.raises(ValueError, match="validation column 'none_held' holds out no rows"):
+        train(spark, df.withColumn("none_held", F.lit(False)), TrainConfig(num_workers=2), validation="none_held")
+    with pytest.raises(ValueError, match="validation column 'some_null' has nulls"):
+        nulls = df.withColumn("some_null", F.when(F.col("held"), F.lit(True)))
+        train(spark, nulls, TrainConfig(num_workers=2), validation="some_null")
+    with pytest.raises(ValueError, match="early_stopping_patience needs sync=gradients"):
+        TrainConfig(sync="parameters", sync_every=2, early_stopping_patience=2)
     with pytest.raises(ValueError, match="set blocks=shuffle"):
         TrainConfig(blocks="files", validation_fraction=0.1)

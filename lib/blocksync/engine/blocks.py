@@ -227,6 +227,10 @@ def make_blocks(
     if any(r["_val"] is None for r in stats):
         raise ValueError(f"validation column {validation_col!r} has nulls; mark every row true or false.")
     check_enough_rows(totals[False], num_workers)
+    if (validation_col is not None or validation_fraction > 0) and not totals[True]:
+        where = (f"validation column {validation_col!r}" if validation_col
+                 else f"validation_fraction={validation_fraction:g}")
+        raise ValueError(f"{where} holds out no rows; mark some rows true, or raise the fraction.")
 
     offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
     index_in_bucket = F.row_number().over(

@@ -283,6 +283,9 @@ class TrainConfig:
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction={self.validation_fraction} must be in [0, 1).")
         _positive("early_stopping_patience", self.early_stopping_patience, allow_zero=True)
+        if self.early_stopping_patience and self.sync == "parameters":
+            raise ValueError("early_stopping_patience needs sync=gradients: with sync=parameters the replicas "
+                             "differ between averages, so an epoch's weights are not one model.")
         if self.blocks == "files" and (self.validation_fraction or self.early_stopping_patience):
             raise ValueError("validation_fraction and early_stopping_patience hold rows out while Spark cuts the "
                              "blocks: set blocks=shuffle, or set them to 0.")

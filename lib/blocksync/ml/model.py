@@ -90,7 +90,8 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
 
     @property
     def history(self) -> list[dict[str, float]]:
-        """Per-epoch training loss and rate, as `train` returns it."""
+        """Per epoch, as `train` returns it: epoch, step, train_loss (train_accuracy), and val_loss (val_accuracy)
+        with validation."""
         return list(self._meta.get("history", []))
 
     def torchModule(self) -> torch.nn.Module:
@@ -138,9 +139,6 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
 
 class BlockSyncClassificationModel(BlockSyncModelBase, HasProbabilityCol, HasRawPredictionCol):
     """A fitted `BlockSyncClassifier`: prediction (class index), rawPrediction (logits), probability."""
-
-    def __init__(self, weights: bytes = b"", meta: dict[str, Any] | None = None) -> None:
-        super().__init__(weights, meta)
 
     @property
     def numClasses(self) -> int:

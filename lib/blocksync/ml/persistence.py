@@ -3,8 +3,9 @@
 A model path holds `weights/` (Parquet: the safetensors bytes of the weights
 in ordered chunks) and `metadata/` (Spark ML's DefaultParamsWriter JSON: class,
 uid, Params, plus `blocksync`: the network spec, widths, task and history).
-Both are written with DataFrame writers, so any path Spark can write works
-(local, hdfs://, s3a://, dbfs:/), on classic Spark and on Spark Connect, and
+Both are written with DataFrame writers, so they go wherever Spark's writers
+go (local, hdfs://, s3a://, dbfs:/; tested on local paths), on classic Spark
+and on Spark Connect, and
 `PipelineModel.save`/`load` treat the model like any MLlib stage.
 
 Metadata is written last: a save that fails part-way is removed, and a folder

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.ml.functions import vector_to_array
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -43,6 +44,8 @@ def run_model(directory: Path, *, trust_custom_code: bool) -> tuple[BlockSyncMod
     model = cls((folder / WEIGHTS).read_bytes(), {k: meta[k] for k in ("model", "num_features", "num_outputs",
                                                                        "task")})
     model.setFeaturesCol(PREPARED)
+    if isinstance(model, BlockSyncClassificationModel):
+        model._set(rawPredictionCol="")  # predict writes prediction and probability only
     return model, meta
 
 
@@ -83,7 +86,7 @@ def _spark_ml_model(spark: SparkSession, path: str) -> Any:
 
     try:
         metadata = DefaultParamsReader.loadMetadata(path, spark)
-    except Exception as err:  # a missing path or a folder without Spark ML metadata
+    except AnalysisException as err:  # a missing path or a folder without Spark ML metadata
         raise ValueError(f"--model {path} is neither a blocksync run (model/{META}) nor a saved Spark ML model "
                          "(metadata/); give a run directory or a path a model was saved to.") from err
     if metadata["class"] == "pyspark.ml.pipeline.PipelineModel":
