@@ -28,31 +28,44 @@ def digits_run(spark, digits, compression: str, backend: str = "horovod"):
     return accuracy(result.model, test_df), result.metrics
 
 
+def powersgd_floats(shapes: list[tuple[int, ...]], rank: int) -> int:
+    """Floats one rank all-reduces per step: r (n + m) for a matrix where that is smaller than n m, else all."""
+    total = 0
+    for shape in shapes:
+        n, m = (shape[0], math.prod(shape[1:])) if len(shape) > 1 else (1, shape[0])
+        total += rank * (n + m) if len(shape) > 1 and rank * (n + m) < n * m else n * m
+    return total
+
+
 def test_compression_converges_and_shrinks_the_payload(spark, digits):
     base_acc, base = digits_run(spark, digits, "none")
     topk_acc, topk = digits_run(spark, digits, "topk")
     fp16_acc, fp16 = digits_run(spark, digits, "fp16")
     int8_acc, int8 = digits_run(spark, digits, "int8")
-    print(f"accuracy none {base_acc:.4f} topk {topk_acc:.4f} fp16 {fp16_acc:.4f} int8 {int8_acc:.4f}")
+    psgd_acc, psgd = digits_run(spark, digits, "powersgd")
+    print(f"accuracy none {base_acc:.4f} topk {topk_acc:.4f} fp16 {fp16_acc:.4f} int8 {int8_acc:.4f} "
+          f"powersgd {psgd_acc:.4f}")
     assert base_acc >= 0.95
     assert topk_acc >= base_acc - 0.010      # within 1.0 point
     assert fp16_acc >= base_acc - 0.003      # within 0.3 points
     assert int8_acc >= base_acc - 0.010
+    assert psgd_acc >= base_acc - 0.010
     # Payloads are deterministic: what one rank contributes per step, in bytes, for P parameters.
     num_params = (64 * 128 + 128) + (128 * 64 + 64) + (64 * 10 + 10)
     assert num_params == 17226
-    per_step = {m["compression"]: m["payload_bytes_per_step"] for m in (base, topk, fp16, int8)}
+    per_step = {m["compression"]: m["payload_bytes_per_step"] for m in (base, topk, fp16, int8, psgd)}
     assert per_step == {
         "none": 4 * num_params,                             # float32: 68904
         "fp16": 2 * num_params,                             # float16: 34452
         "topk": math.ceil(0.01 * num_params) * (4 + 2),     # k = 173 int32 indices + float16 values: 1038
         "int8": num_params + 4 * math.ceil(num_params / 4096),  # int8 codes + a float32 scale per 4096: 17246
+        "powersgd": 4 * powersgd_floats([(128, 64), (128,), (64, 128), (64,), (10, 64), (10,)], rank=4),  # 8136
     }
     assert base["bytes_sent"] > topk["bytes_sent"] > 0
 
 
 @pytest.mark.parametrize("backend", ["torch_gloo", "spark"])
-@pytest.mark.parametrize("compression", ["fp16", "topk", "int8"])
+@pytest.mark.parametrize("compression", ["fp16", "topk", "int8", "powersgd"])
 def test_compression_on_every_backend_keeps_replicas_identical(spark, backend, compression):
     df = spark.createDataFrame(synthetic_classification(240, 8, 3, seed=2))
     epochs = 4 if backend == "torch_gloo" else 2  # the spark backend costs about a second per collective
@@ -68,8 +81,9 @@ def test_compression_on_every_backend_keeps_replicas_identical(spark, backend, c
     # Exact bytes each rank contributed: 195 parameters, 6 steps per epoch (240 rows / 40).
     num_params = (8 * 16 + 16) + (16 * 3 + 3)
     per_step = {"fp16": 2 * num_params, "topk": math.ceil(0.05 * num_params) * (4 + 2),
-                "int8": num_params + 4 * math.ceil(num_params / 4096)}[compression]
-    assert result.metrics["payload_bytes_per_step"] == per_step  # 390, 60 (k = 10) or 199
+                "int8": num_params + 4 * math.ceil(num_params / 4096),
+                "powersgd": 4 * powersgd_floats([(16, 8), (16,), (3, 16), (3,)], rank=4)}[compression]
+    assert result.metrics["payload_bytes_per_step"] == per_step  # 390, 60 (k = 10), 199 or 652
     assert [s["payload_bytes"] for s in result.rank_summaries] == [per_step * 6 * epochs] * 3
 
 
@@ -113,12 +127,14 @@ def test_custom_fusion_threshold_needs_fresh_python_workers(spark):
 
 
 def test_compression_config_errors():
-    with pytest.raises(ValueError, match=r"compression='zip' is not one of none, fp16, topk, int8"):
+    with pytest.raises(ValueError, match=r"compression='zip' is not one of none, fp16, topk, int8, powersgd"):
         TrainConfig(compression="zip")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"compression='topk' applies to gradient sync"):
         TrainConfig(compression="topk", sync="parameters")
     with pytest.raises(ValueError, match=r"topk_ratio=0 must be in \(0, 1\]"):
         TrainConfig(topk_ratio=0)
+    with pytest.raises(ValueError, match=r"powersgd_rank=0 must be at least 1"):
+        TrainConfig(compression="powersgd", powersgd_rank=0)
 
 
 @pytest.mark.parametrize("backend", ["horovod", "torch_gloo"])

@@ -39,17 +39,20 @@ def data_files(data, tmp_path_factory) -> str:
     return path
 
 
-@pytest.mark.parametrize("backend,mode,blocks", [("horovod", "exit", "shuffle"), ("torch_gloo", "raise", "shuffle"),
-                                                 ("horovod", "exit", "files")])
+@pytest.mark.parametrize("backend,mode,blocks,compression", [
+    ("horovod", "exit", "shuffle", "none"), ("torch_gloo", "raise", "shuffle", "none"),
+    ("horovod", "exit", "files", "none"),
+    ("torch_gloo", "raise", "shuffle", "powersgd"),  # residuals and the warm-start Q come back from the checkpoint
+])
 def test_lost_worker_is_relaunched_from_the_checkpoint_and_ends_identical(spark, data, data_files, tmp_path, backend,
-                                                                          mode, blocks):
+                                                                          mode, blocks, compression):
     def fit(cfg: TrainConfig):  # blocks=files: the relaunched workers read their rows of the files again
         return train_files(spark, data_files, cfg) if blocks == "files" else train(spark, data, cfg)
 
-    clean = fit(config(backend))
+    clean = fit(config(backend, compression=compression))
     ckpt = tmp_path / "ckpt"
     faulty = fit(config(
-        backend, max_restarts=1, checkpoint={"dir": str(ckpt), "every_steps": 5, "keep": 2},
+        backend, compression=compression, max_restarts=1, checkpoint={"dir": str(ckpt), "every_steps": 5, "keep": 2},
         faults={"kill_rank": 1, "at_step": 12, "mode": mode},
     ))
     assert [s["resumed_at"] for s in faulty.rank_summaries] == [10] * 4  # resumed from the step-10 checkpoint

@@ -46,7 +46,18 @@ def check_run_dir(run_dir: Path) -> dict:
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} == {"data", "compute", "sync", "optimizer"}
     meta = json.loads((run_dir / "model" / "model.json").read_text())
     assert meta["labels"] == list(range(10)) and len(meta["mean"]) == 64
+    check_startup_phases(metrics["startup_phases"], metrics["num_workers"])
     return metrics
+
+
+def check_startup_phases(phases: dict, num_workers: int) -> None:
+    """The slowest rank's phases are non-negative and add up to its time from launch to first step."""
+    names = ["spawn_s", "imports_s", "load_s", "rendezvous_s", "init_s", "first_step_s"]
+    assert set(phases) == {*names, "launch_to_first_step_s", "rank"}
+    assert 0 <= phases["rank"] < num_workers
+    assert all(phases[n] >= 0 for n in names), phases
+    assert phases["rendezvous_s"] > 0 and phases["first_step_s"] > 0, phases
+    assert sum(phases[n] for n in names) == pytest.approx(phases["launch_to_first_step_s"], abs=1e-3)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

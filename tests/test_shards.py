@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
+from blocksync.engine.scan import _pyarrow_opens, parquet_scan_files
 from blocksync.engine.shards import plan_shards, read_block
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff, reference_train
@@ -87,8 +90,46 @@ def test_train_with_blocks_files_asks_for_the_path(spark, data):
               TrainConfig(num_workers=2, blocks="files"))
 
 
+def test_a_plain_parquet_scan_is_recognized_and_nothing_else(spark, data, tmp_path):
+    root, _, _ = data
+    arrays = spark.read.parquet(str(root / "arrays"))
+    files = sorted(p.name for p in (root / "arrays").glob("*.parquet"))
+    found = parquet_scan_files(arrays, ["features", "label"])
+    assert found is not None and [f.rsplit("/", 1)[1] for f in found] == files
+    assert parquet_scan_files(arrays.select("label", "features"), ["features", "label"]) == found
+    columns = spark.read.parquet(str(root / "columns"))
+    assert parquet_scan_files(columns.select("f0", "f1", "label"), ["f0", "f1", "label"]) is not None
+    # Anything that changes the rows or computes a column is cut by Spark.
+    for changed in (arrays.filter("label > 0"), arrays.withColumn("label", arrays.label + 1),
+                    arrays.select(arrays.features.alias("features"), (arrays.label * 1).alias("label")),
+                    arrays.limit(50), arrays.sample(0.5, seed=1),
+                    arrays.join(arrays.select("label").distinct(), "label"), spark.createDataFrame(arrays.toPandas())):
+        assert parquet_scan_files(changed, ["features", "label"]) is None
+    assert parquet_scan_files(arrays, ["features", "missing"]) is None
+    assert not _pyarrow_opens("s3a://bucket/data/part-0.parquet")  # Hadoop's scheme: Spark reads it, pyarrow not
+    # A label that lives in partition directories is not in the files: Spark cuts those blocks.
+    arrays.write.partitionBy("label").parquet(str(tmp_path / "by_label"))
+    assert parquet_scan_files(spark.read.parquet(str(tmp_path / "by_label")), ["features", "label"]) is None
+
+
+def test_blocks_auto_reads_a_parquet_dataframe_like_train_files(spark, data):
+    root, _, _ = data
+    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=2, batch_size=32, seed=3,
+                      model=ModelSpec(name="mlp", hidden=[16]))
+    files = train_files(spark, str(root / "arrays"), cfg)
+    auto = train(spark, spark.read.parquet(str(root / "arrays")), cfg)
+    assert auto.metrics["blocks"] == files.metrics["blocks"] == "files"
+    assert auto.block_sizes == files.block_sizes == [51, 51, 51, 50]
+    assert max_param_diff(auto.model, files.model) == 0.0
+    shuffled = train(spark, spark.read.parquet(str(root / "arrays")), replace(cfg, blocks="shuffle"))
+    assert shuffled.metrics["blocks"] == "shuffle" and max_param_diff(shuffled.model, files.model) > 0
+    # Validation rows are held out while Spark cuts the blocks: auto cuts them with a shuffle.
+    held = train(spark, spark.read.parquet(str(root / "arrays")), replace(cfg, validation_fraction=0.2))
+    assert held.metrics["blocks"] == "shuffle"
+
+
 def test_unknown_blocks_value_is_refused():
-    with pytest.raises(ValueError, match=r"blocks='hash' is not one of shuffle, files"):
+    with pytest.raises(ValueError, match=r"blocks='hash' is not one of auto, shuffle, files"):
         TrainConfig(blocks="hash")  # type: ignore[arg-type]
 
 

@@ -16,8 +16,8 @@ OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleName = Literal["constant", "cosine", "step"]
 DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
-Compression = Literal["none", "fp16", "topk", "int8"]
-BlockSource = Literal["shuffle", "files"]
+Compression = Literal["none", "fp16", "topk", "int8", "powersgd"]
+BlockSource = Literal["auto", "shuffle", "files"]
 BlockStorage = Literal["auto", "memory", "disk"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
@@ -158,10 +158,12 @@ class TrainConfig:
 
     num_workers: int = 4
     """Number of blocks and of barrier tasks (one Horovod rank each)."""
-    blocks: BlockSource = "shuffle"
+    blocks: BlockSource = "auto"
     """How blocks are cut. `shuffle`: Spark cuts content-hashed balanced blocks from any DataFrame
     (`make_blocks`, two shuffles). `files`: each worker reads its balanced row range of Parquet files
-    itself, no shuffle (`train_files`; the pipeline's train stage uses it on the prepared data)."""
+    itself, no shuffle (`train_files`). `auto`: `files` when `train` is given a plain scan of Parquet
+    files (`scan.parquet_scan_files`: spark.read.parquet, optionally narrowed to columns) and no
+    validation rows are asked for, else `shuffle`; `metrics.json` `blocks` says which ran."""
     block_storage: BlockStorage = "auto"
     """Where each worker keeps its block (see `block_store`). `memory`: in RAM (on the GPU, when
     training there). `disk`: unnamed files in the executor's Spark local directory, read step by step,
@@ -224,9 +226,12 @@ class TrainConfig:
     network_interface: str | None = None
     """NIC for Gloo; None: the interface that holds the task's own address (lo on 127.0.0.1)."""
     compression: Compression = "none"
-    """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback)."""
+    """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback),
+    powersgd (low-rank, error feedback; all-reduced, so its bytes per rank do not grow with workers)."""
     topk_ratio: float = 0.01
     """Share of gradient entries each rank sends per step with compression=topk."""
+    powersgd_rank: int = 4
+    """Rank of each weight matrix's approximation with compression=powersgd."""
     straggler_factor: float = 1.5
     """A rank whose median compute time exceeds the ranks' median by this factor is reported a straggler."""
     straggler_min_ms: float = 1.0
@@ -260,6 +265,8 @@ class TrainConfig:
         _choice("mixed_precision", self.mixed_precision, get_args(MixedPrecision))
         if not 0.0 < self.topk_ratio <= 1.0:
             raise ValueError(f"topk_ratio={self.topk_ratio} must be in (0, 1].")
+        if self.powersgd_rank < 1:
+            raise ValueError(f"powersgd_rank={self.powersgd_rank} must be at least 1.")
         if self.straggler_factor <= 1.0:
             raise ValueError(f"straggler_factor={self.straggler_factor} must be > 1.")
         if self.compression != "none" and self.sync == "parameters":

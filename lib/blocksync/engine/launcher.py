@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from pyspark.sql import DataFrame, SparkSession
 
-from blocksync.engine import checkpoint
+from blocksync.engine import checkpoint, startup
 from blocksync.engine.block_data import steps_per_epoch
 from blocksync.engine.blocks import BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
@@ -46,6 +46,7 @@ from blocksync.engine.config import TrainConfig
 from blocksync.engine.metrics import run_metrics
 from blocksync.engine.models import build_model, validate_spec
 from blocksync.engine.progress import RunMonitor
+from blocksync.engine.scan import parquet_scan_files
 from blocksync.engine.shards import ShardPlan, plan_shards
 from blocksync.engine.storage import resolve_storage, worker_memory
 from blocksync.engine.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
@@ -240,6 +241,12 @@ def train(
     if config.early_stopping_patience and validation is None and not config.validation_fraction:
         raise ValueError(f"early_stopping_patience={config.early_stopping_patience} needs validation rows: set "
                          "validation_fraction, or pass a validation column.")
+    if config.blocks == "auto" and validation is None and not config.validation_fraction:
+        files = parquet_scan_files(df, [*([features] if isinstance(features, str) else features), label])
+        if files is not None:
+            log.info("the DataFrame is a plain scan of %d Parquet file(s): each worker reads its rows of them "
+                     "(blocks=auto chose files: no shuffle)", len(files))
+            return train_files(spark, files, config, features=features, label=label, progress=progress)
     check_slots(spark, config.num_workers)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
                                validation_col=validation, validation_fraction=config.validation_fraction)
@@ -319,7 +326,9 @@ def train_blocks(
     started = time.perf_counter()
     rows = _launch_with_restarts(spark, blocks, plan, progress)
     wall_seconds = time.perf_counter() - started
-    return _assemble(config, plan, info, rows, wall_seconds)
+    result = _assemble(config, plan, info, rows, wall_seconds)
+    log.info("%s", startup.describe(result.metrics["startup_phases"]))
+    return result
 
 
 def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int) -> None:
@@ -360,6 +369,7 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
             # A lost executor takes its slots with it until the cluster manager replaces it.
             check_slots(spark, config.num_workers, wait_seconds=RELAUNCH_SLOT_WAIT_SECONDS)
         run_plan = replace(plan, attempt=attempt, resume_from=checkpoint.latest(config.checkpoint.dir),
+                           launched_at=time.time(),
                            monitor_address=monitor.address if monitor else None)
         try:
             return blocks.mapInArrow(make_worker(run_plan), RESULT_SCHEMA_DDL, barrier=True).collect()

@@ -19,6 +19,15 @@ PHASES = ("data", "compute", "sync", "optimizer")
 """The timed phases of one step, in order; a rank's step_timings rows are (start, *PHASES) seconds."""
 
 
+def slowest_startup(summaries: list[dict[str, Any]]) -> dict[str, float]:
+    """The start-up phases (`startup`) of the rank that reached its first step last, with its rank."""
+    ranked = [s for s in summaries if s.get("startup_phases")]
+    if not ranked:
+        return {}
+    last = max(ranked, key=lambda s: s["startup_phases"]["launch_to_first_step_s"])
+    return {"rank": last["rank"], **last["startup_phases"]}
+
+
 def timing_summary(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """p50 and p95 milliseconds of each phase, per rank."""
     out: dict[str, dict[str, float]] = {}
@@ -71,7 +80,9 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "resumed_at_step": resumed_at,
         "stage_seconds": wall,
         "startup_seconds": max(s["startup_seconds"] for s in summaries),
+        "startup_phases": slowest_startup(summaries),
         "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
+        "blocks": "files" if plan.shards else "shuffle",  # what ran, also when config.blocks is auto
         "block_storage": summaries[0].get("block_storage", "memory"),
         "peak_rss_mb": [s.get("peak_rss_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),

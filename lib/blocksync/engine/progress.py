@@ -235,6 +235,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last_progress = 0.0
+        self._failed = False
         if not address:
             return
         host, port = address.rsplit(":", 1)
@@ -277,12 +278,18 @@ class Heartbeat:
         """Send the current step and phase now (before something that may end the process)."""
         self._send({})
 
+    def fail(self, error: str, kind: str = "runtime") -> None:
+        """Report this rank's error now, once: before its collective closes and its peers fail in turn."""
+        if not self._failed:
+            self._failed = True
+            self._send({"failed": error[:2000], "kind": kind})
+
     def close(self, *, done: bool, error: str | None = None, kind: str = "runtime") -> None:
         self._stop.set()
         if done:
             self._send({"done": True})
         elif error:
-            self._send({"failed": error[:2000], "kind": kind})
+            self.fail(error, kind)
         with self._lock:
             if self._sock is not None:
                 self._sock.close()

@@ -113,12 +113,13 @@ class Trainer:
             p.grad = g
         self.global_batch = np.sum(
             [[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
-        self.compressor = make_compressor(cfg.compression, coll, self.num_params, topk_ratio=cfg.topk_ratio,
-                                          seed=cfg.seed)
+        self.compressor = make_compressor(cfg.compression, coll, [p.shape for p in self.model.parameters()],
+                                          topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank, seed=cfg.seed)
         self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
         self.history: list[dict[str, float]] = []
         self.step_count = 0
         self.first_step = 0
+        self.first_step_done_at: float | None = None  # time.time() after this attempt's first step
         self.epoch_stats = torch.zeros(3, dtype=torch.float64)  # samples, summed loss, correct (this epoch)
         # Bytes this rank contributed (payload) and sent (wire) on the way to the current step; they
         # travel in checkpoints, so a resumed run reports the whole run's traffic.
@@ -156,6 +157,8 @@ class Trainer:
             slices = batch_slices(rows, per_epoch)
             for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
                 self.step(epoch, s_in_epoch, order, slices[s_in_epoch])
+                if self.first_step_done_at is None:
+                    self.first_step_done_at = time.time()
                 if s_in_epoch < per_epoch - 1:
                     self.snapshot()
             self.end_epoch(epoch)

@@ -69,6 +69,7 @@ from blocksync.engine.config import TrainConfig
 from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.shards import ShardPlan, iter_pieces
+from blocksync.engine.startup import StartupClock
 from blocksync.engine.trainer import Trainer, params_digest
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class WorkerPlan:
     """Held-out validation rows of each rank, after its `block_rows` in the partition; None: no validation."""
     storage: str = "memory"
     """`memory` or `disk`: train.block_storage, with `auto` resolved by the driver (`storage`)."""
+    launched_at: float = 0.0
+    """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
 
     @property
     def total_steps(self) -> int:
@@ -162,6 +165,7 @@ def error_kind(err: BaseException) -> str:
 
 
 def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) -> Iterator[pa.RecordBatch]:
+    clock = StartupClock(plan.launched_at, time.time())
     cfg = plan.config
     rank = ctx.partitionId()
     beat = Heartbeat(plan.monitor_address, rank)
@@ -181,18 +185,28 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         validation = _validation_set(plan, held_out, device)
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
                  "device_warning": warning, "block_storage": plan.storage}
+        clock.mark("loaded")
         try:
             beat.at(0, "startup")
             t0 = time.perf_counter()
             coll, rows = _agree_and_connect(plan, ctx, block.rows, problem)
             facts["startup_seconds"] = time.perf_counter() - t0
+            clock.mark("connected")
             try:
                 trainer = Trainer(plan, coll, block, rows, device, beat, validation)
                 if plan.resume_from:
                     trainer.resume(plan.resume_from)
+                clock.mark("initialized")
                 train_seconds = trainer.run()
-                yield from _results(trainer, ctx, {**facts, "train_seconds": train_seconds})
+                if trainer.first_step_done_at is not None:
+                    clock.stamps["first_step"] = trainer.first_step_done_at
+                facts.update(train_seconds=train_seconds, startup_phases=clock.phases())
+                yield from _results(trainer, ctx, facts)
                 finished = True
+            except Exception as err:  # not GeneratorExit: Spark closing the iterator is no error of ours
+                # Told before the collective closes: the peers' errors that follow are consequences.
+                beat.fail(f"{type(err).__name__}: {err}", error_kind(err))
+                raise
             finally:
                 coll.close()
         finally:

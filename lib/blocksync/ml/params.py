@@ -63,6 +63,7 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "threadsPerWorker": ("threads_per_worker", _optional(_INT), "torch threads per worker; None: spark.task.cpus"),
     "compression": ("compression", _STR, "gradient compression: none, fp16, topk or int8"),
     "topkRatio": ("topk_ratio", _FLOAT, "share of entries sent with compression=topk"),
+    "powersgdRank": ("powersgd_rank", _INT, "rank of each matrix's approximation with compression=powersgd"),
     "checkpoint": ("checkpoint", _dict_of(CheckpointSettings), "{'dir': URI, 'every_steps': N, 'keep': K}"),
     "maxRestarts": ("max_restarts", _INT, "relaunches after a worker failure, from the latest checkpoint"),
     "timeouts": ("timeouts", _dict_of(TimeoutSettings), "{'step_seconds': S, 'barrier_seconds': B}"),
@@ -70,8 +71,9 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "glooTimeoutSeconds": ("gloo_timeout_seconds", _INT, "Gloo rendezvous timeout"),
     "networkInterface": ("network_interface", _optional(_STR), "NIC for Gloo; None: the task address's"),
 }
-"""Not Params: `task` (the estimator's kind), `blocks` (a DataFrame is always cut by a shuffle) and
-`faults` (test-only fault injection)."""
+"""Not Params: `task` (the estimator's kind), `blocks` (always `auto`: a dataset that is a plain
+Parquet scan is read from its files, any other is cut by a shuffle) and `faults` (test-only fault
+injection)."""
 
 
 def _default(field_name: str) -> Any:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from blocksync.engine.metrics import PHASES
+from blocksync.engine.startup import describe as startup_caption
 
 
 def steps_frame(rank_summaries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -78,5 +79,9 @@ def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, 
         ax_time.set_xlabel(f"rank, and its peak RSS (block_storage={metrics.get('block_storage', 'memory')})")
     ax_time.legend()
     fig.tight_layout()
+    caption = startup_caption(metrics.get("startup_phases") or {})
+    if caption:
+        fig.subplots_adjust(bottom=0.2)
+        fig.text(0.01, 0.01, caption, fontsize=8)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -8,13 +8,17 @@ venv's torch and Horovod are the ones the workers import.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -25,6 +29,8 @@ LOCAL_DEFAULTS = {
     # A barrier stage that cannot get its slots fails after this many checks instead of 40.
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Python workers fork from a daemon that has torch imported already (blocksync/daemon.py).
+    "spark.python.daemon.module": "blocksync.daemon",
 }
 
 
@@ -92,3 +98,21 @@ def jvm_output_to(path: Path) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (*saved, log):
             os.close(fd)
+
+
+def warm_python_daemon(spark: SparkSession) -> threading.Thread:
+    """Run one tiny Python task in the background, so that an executor's Python daemon starts
+    (importing torch, with `blocksync.daemon`) while the driver works on other stages.
+
+    Best effort and only a head start: a failure here is logged at debug level,
+    and the stage that needs Python workers next meets and reports any real problem.
+    """
+    def start() -> None:
+        try:
+            spark.sparkContext.parallelize([0], 1).map(lambda x: x).collect()
+        except Exception as err:  # noqa: BLE001 (see the docstring)
+            log.debug("warming the Python daemon failed: %s", err)
+
+    thread = threading.Thread(target=start, name="blocksync-warm-python", daemon=True)
+    thread.start()
+    return thread

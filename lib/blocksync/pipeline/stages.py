@@ -31,6 +31,7 @@ from blocksync.pipeline.evaluate import score
 from blocksync.pipeline.prepare import prepare
 from blocksync.pipeline.report import plot_report, steps_frame, timeline, write_history
 from blocksync.pipeline.run_config import RunConfig, config_to_dict
+from blocksync.pipeline.session import warm_python_daemon
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,7 @@ def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> d
     target = Path(config.output_dir)
     check_settings(config, overwrite=overwrite)
     staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
+    warm_python_daemon(spark)  # torch is imported on the executors while prepare runs on the JVM
     try:
         prepare_stage(spark, config, staging)
         train_stage(spark, config, staging)

@@ -1,0 +1,77 @@
+"""Test accuracy of the default digits config (conf/local.yaml) against scikit-learn on the same split.
+
+The pipeline's prepare stage cuts the split and standardizes it once; then
+the default config trains on it with each socket backend (horovod,
+torch_gloo) through the same train and evaluate stages `make demo` runs.
+scikit-learn's MLPClassifier (its defaults, max_iter=1000, seeds 0 to 4) and
+SVC (RBF, its defaults) fit the same standardized train split and score the
+same test split. The spark backend computes the same model (BSP equivalence,
+tests/test_engine.py) at about a second per step, so its 690 steps are left
+out here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmarks.common import write
+
+BACKENDS = ["horovod", "torch_gloo"]
+SKLEARN_SEEDS = range(5)
+CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.yaml"
+
+
+def _arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    frame = pd.read_parquet(path)
+    return np.stack(frame["features"].to_numpy()), frame["label"].to_numpy()
+
+
+def sklearn_accuracies(prepared: Path) -> dict[str, list[float]]:
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.svm import SVC
+
+    x, y = _arrays(prepared / "train.parquet")
+    xt, yt = _arrays(prepared / "test.parquet")
+    mlp = [float((MLPClassifier(random_state=s, max_iter=1000).fit(x, y).predict(xt) == yt).mean())
+           for s in SKLEARN_SEEDS]
+    return {"sklearn MLPClassifier": mlp, "sklearn SVC": [float((SVC().fit(x, y).predict(xt) == yt).mean())]}
+
+
+def run(spark) -> dict:
+    from blocksync.pipeline import stages
+    from blocksync.pipeline.run_config import load_config
+
+    config = load_config(str(CONFIG), [])
+    config.progress = False
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared_run = Path(tmp) / "prepared-run"
+        stages.prepare_stage(spark, config, prepared_run)
+        for backend in BACKENDS:
+            run_dir = Path(tmp) / backend
+            run_dir.mkdir()
+            (run_dir / "prepared").symlink_to(prepared_run / "prepared")
+            cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, backend=backend))
+            stages.train_stage(spark, cfg, run_dir)
+            acc = stages.evaluate_stage(spark, cfg, run_dir)["test_accuracy"]
+            rows.append({"contender": f"blocksync default config ({backend})", "accuracies": [acc]})
+            print(f"{backend}: test accuracy {acc:.4f}", flush=True)
+        test_rows = len(pd.read_parquet(prepared_run / "prepared" / "test.parquet"))
+        for name, accs in sklearn_accuracies(prepared_run / "prepared").items():
+            rows.append({"contender": name, "accuracies": accs})
+            print(f"{name}: {accs}", flush=True)
+    payload = {"rows": rows, "test_rows": test_rows, "config": "conf/local.yaml",
+               "model": dataclasses.asdict(config.train.model), "epochs": config.train.epochs}
+    lines = [f"# Test accuracy on digits: the default config against scikit-learn, same split ({test_rows} test rows)",
+             "", "| contender | test accuracy | runs |", "| --- | --- | --- |"]
+    for r in rows:
+        accs = r["accuracies"]
+        shown = f"{accs[0]:.4f}" if len(accs) == 1 else f"{min(accs):.4f} to {max(accs):.4f} (mean {np.mean(accs):.4f})"
+        lines.append(f"| {r['contender']} | {shown} | {len(accs)} |")
+    write("accuracy", payload, "\n".join(lines) + "\n")
+    return payload
