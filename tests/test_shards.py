@@ -101,7 +101,7 @@ def test_a_plain_parquet_scan_is_recognized_and_nothing_else(spark, data, tmp_pa
     assert parquet_scan_files(columns.select("f0", "f1", "label"), ["f0", "f1", "label"]) is not None
     # Anything that changes the rows or computes a column is cut by Spark.
     for changed in (arrays.filter("label > 0"), arrays.withColumn("label", arrays.label + 1),
-                    arrays.select(arrays.features.alias("features"), (arrays.label * 1).alias("label")),
+                    arrays.select(arrays.features.alias("features"), (arrays.label * 2).alias("label")),
                     arrays.limit(50), arrays.sample(0.5, seed=1),
                     arrays.join(arrays.select("label").distinct(), "label"), spark.createDataFrame(arrays.toPandas())):
         assert parquet_scan_files(changed, ["features", "label"]) is None

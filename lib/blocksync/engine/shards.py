@@ -78,11 +78,28 @@ class ShardPlan:
 
 def _dataset(paths: str | list[str]) -> ds.Dataset:
     try:
+        if isinstance(paths, list) and paths and "://" in paths[0]:  # file URIs, as DataFrame.inputFiles() gives
+            filesystem, local = _uri_paths(paths)
+            return ds.dataset(local, format="parquet", filesystem=filesystem)
         return ds.dataset(paths, format="parquet")
     except (FileNotFoundError, OSError, pa.ArrowInvalid) as err:
         raise ValueError(
             f"cannot read Parquet files at {paths!r}: {err}; check the path and that it holds Parquet."
         ) from err
+
+
+def _uri_paths(uris: list[str]) -> tuple[pafs.FileSystem, list[str]]:
+    """One filesystem for a list of file URIs on it, and their paths there (one URI resolution, not one each:
+    an object store's resolves its region over the network)."""
+    filesystem, first = pafs.FileSystem.from_uri(uris[0])
+    prefix = uris[0][: len(uris[0]) - len(first)] if uris[0].endswith(first) else None
+    paths = []
+    for uri in uris:
+        if prefix is not None and uri.startswith(prefix):
+            paths.append(uri[len(prefix):])
+        else:  # an escaped character: let pyarrow decode it
+            paths.append(pafs.FileSystem.from_uri(uri)[1])
+    return filesystem, paths
 
 
 def _is_list(kind: pa.DataType) -> bool:
