@@ -67,13 +67,17 @@ def accuracy(model: torch.nn.Module, df: DataFrame) -> float:
     return float((pred == pdf["label"].to_numpy()).mean())
 
 
-def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per partition (= rank), (features float32 [n, d], labels float64 [n]) in the partition's row order."""
+def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray, ...]]:
+    """Per partition (= rank), (features float32 [n, d], labels float64 [n]) in the partition's row order,
+    and the row weights float64 [n] third when the blocks have a `weight` column."""
     rows = blocks.withColumn("_pid", F.spark_partition_id()).collect()  # partition order kept
-    out = []
+    out: list[tuple[np.ndarray, ...]] = []
     for rank in range(num_workers):
         mine = [r for r in rows if r["_pid"] == rank]
         x = np.array([r["features"] for r in mine], dtype=np.float32)
         y = np.array([r["label"] for r in mine], dtype=np.float64)
-        out.append((x, y))
+        if "weight" in blocks.columns:
+            out.append((x, y, np.array([r["weight"] for r in mine], dtype=np.float64)))
+        else:
+            out.append((x, y))
     return out

@@ -29,10 +29,16 @@ that of the summed loss over the global batch divided by the global batch size;
 then one optimizer step. (A step whose global batch is empty has no defined
 gradient: the reference refuses it.)
 
+Row weights: a block may be (features, labels, weights). Then each row's loss
+counts times its weight, and "size" means summed weights: a step divides the
+weighted loss sum over the global batch by the global batch's summed weights;
+local SGD steps on its own slice's weighted mean and averages replicas weighted
+by the summed weights each rank stepped on.
+
 Local SGD (`sync="parameters"`, `sync_every=K`): one replica per rank, all
 starting from the same initial weights, each with its own optimizer state.
 Each rank steps on the mean loss of its own slice; a rank whose slice is empty
-takes no optimizer step, but its learning-rate schedule advances all the same.
+(or weighs nothing) takes no optimizer step, but its learning-rate schedule advances all the same.
 After every step t with (t+1) % K == 0, and after the final step, every replica
 is set to the mean of the replicas' parameters weighted by the number of rows
 each rank stepped on since the previous average.
@@ -74,7 +80,7 @@ import numpy as np
 import torch
 from torch import nn
 
-Block = tuple[np.ndarray, np.ndarray]
+Block = tuple[np.ndarray, ...]  # (features, labels) or (features, labels, weights)
 
 
 # --- the batch order ------------------------------------------------------------
@@ -95,7 +101,7 @@ def step_rows(order: np.ndarray, step: int, steps: int) -> np.ndarray:
 
 def epoch_batches(blocks: list[Block], seed: int, epoch: int, steps: int) -> list[list[np.ndarray]]:
     """[step][rank] -> that rank's row indices."""
-    orders = [visit_order(len(y), seed, rank, epoch) for rank, (_, y) in enumerate(blocks)]
+    orders = [visit_order(len(b[1]), seed, rank, epoch) for rank, b in enumerate(blocks)]
     return [[step_rows(order, s, steps) for order in orders] for s in range(steps)]
 
 
@@ -164,10 +170,12 @@ class _Run:
         if cfg.compression != "none" or cfg.mixed_precision != "none":
             raise ValueError("the reference covers compression=none and mixed_precision=none only")
         self.cfg = cfg
-        self.x = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x, _ in blocks]
-        self.y = [torch.from_numpy(np.asarray(y)) for _, y in blocks]
+        self.x = [torch.from_numpy(np.ascontiguousarray(b[0], dtype=np.float32)) for b in blocks]
+        self.y = [torch.from_numpy(np.asarray(b[1])) for b in blocks]
+        # No weights: every row weighs 1, and sums of weights are row counts.
+        self.w = [torch.from_numpy(np.asarray(b[2], dtype=np.float64)) if len(b) > 2 else None for b in blocks]
         self.blocks = blocks
-        self.steps = steps_in_epoch(sum(len(y) for _, y in blocks), cfg.batch_size)
+        self.steps = steps_in_epoch(sum(len(b[1]) for b in blocks), cfg.batch_size)
         self.total_steps = self.steps * cfg.epochs
         torch.manual_seed(cfg.seed)
         self.model = reference_model(cfg.model, self.x[0].shape[1], num_outputs)
@@ -183,12 +191,20 @@ class _Run:
                 t += 1
 
     def rank_loss(self, model: nn.Module, rank: int, rows: np.ndarray) -> torch.Tensor:
-        """Summed loss of `rank`'s rows, drawing any dropout mask from that rank's own generator."""
+        """Summed (weighted) loss of `rank`'s rows, drawing any dropout mask from that rank's own generator."""
         idx = torch.from_numpy(rows)
         torch.set_rng_state(self.streams[rank])
         out = model(self.x[rank][idx])
         self.streams[rank] = torch.get_rng_state()
-        return summed_loss(out, self.y[rank][idx], self.cfg.task)
+        if self.w[rank] is None:
+            return summed_loss(out, self.y[rank][idx], self.cfg.task)
+        weights = self.w[rank][idx]
+        return sum(weights[i].float() * summed_loss(out[i:i + 1], self.y[rank][idx][i:i + 1], self.cfg.task)
+                   for i in range(len(rows)))
+
+    def size(self, rank: int, rows: np.ndarray) -> float:
+        """The rows' count, or their summed weights."""
+        return float(len(rows)) if self.w[rank] is None else float(self.w[rank][torch.from_numpy(rows)].sum())
 
 
 def reference_train(blocks: list[Block], cfg: Any, num_outputs: int) -> nn.Module:
@@ -206,9 +222,9 @@ def _gradient_sync(run: _Run) -> nn.Module:
     model = run.model
     optimizer = reference_optimizer(list(model.parameters()), run.cfg)
     for t, rows in run.schedule():
-        global_batch = sum(len(r) for r in rows)
+        global_batch = sum(run.size(rank, r) for rank, r in enumerate(rows))
         if global_batch == 0:
-            raise ValueError(f"step {t} has an empty global batch: no defined gradient")
+            raise ValueError(f"step {t} has an empty (or weightless) global batch: no defined gradient")
         set_lr(optimizer, learning_rate(t, run.total_steps, run.cfg))
         optimizer.zero_grad()
         total = sum(run.rank_loss(model, rank, r) for rank, r in enumerate(rows) if len(r))
@@ -220,25 +236,25 @@ def _gradient_sync(run: _Run) -> nn.Module:
 def _local_sgd(run: _Run) -> nn.Module:
     replicas = [copy.deepcopy(run.model) for _ in run.blocks]
     optimizers = [reference_optimizer(list(m.parameters()), run.cfg) for m in replicas]
-    since_average = [0] * len(replicas)
+    since_average = [0.0] * len(replicas)
     for t, rows in run.schedule():
         lr = learning_rate(t, run.total_steps, run.cfg)
         for rank, (model, optimizer, r) in enumerate(zip(replicas, optimizers, rows, strict=True)):
-            if not len(r):
+            if not len(r) or run.size(rank, r) == 0:
                 continue
             set_lr(optimizer, lr)
             optimizer.zero_grad()
-            (run.rank_loss(model, rank, r) / len(r)).backward()
+            (run.rank_loss(model, rank, r) / run.size(rank, r)).backward()
             optimizer.step()
-            since_average[rank] += len(r)
+            since_average[rank] += run.size(rank, r)
         if (t + 1) % run.cfg.sync_every == 0 or t + 1 == run.total_steps:
             _average(replicas, since_average, t)
-            since_average = [0] * len(replicas)
+            since_average = [0.0] * len(replicas)
     return replicas[0]
 
 
 @torch.no_grad()
-def _average(replicas: list[nn.Module], weights: list[int], t: int) -> None:
+def _average(replicas: list[nn.Module], weights: list[float], t: int) -> None:
     total = sum(weights)
     if total == 0:
         raise ValueError(f"no rank used any rows before the average after step {t}")

@@ -48,7 +48,7 @@ CASES = [
     ("bad choice", "", ["train.backend=mpi"],
      "'train.backend' must be one of 'horovod', 'torch_gloo', 'spark', got 'mpi'"),
     ("bad block source", "", ["train.blocks=hash"],
-     "'train.blocks' must be one of 'shuffle', 'files', got 'hash'"),
+     "'train.blocks' must be one of 'auto', 'shuffle', 'files', got 'hash'"),
     ("out of range", "", ["train.lr=-1"], "lr=-1.0 must be > 0."),
     ("bad fraction", "", ["data.test_fraction=1.5"], "data.test_fraction=1.5 must be in (0, 1)."),
     ("malformed yaml", "train: [epochs: 3\n", [], "malformed YAML at line 2"),

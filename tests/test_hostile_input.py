@@ -43,8 +43,14 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     empty_dir.mkdir()
     a_file = tmp / "a-file"
     a_file.write_text("not a folder")
+    negative_weight = frame(w=np.ones(40))
+    negative_weight.loc[[4, 9], "w"] = -0.5
     base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
     table = [
+        ("negative row weights", [f"data.source={parquet('negw', negative_weight)}", "data.weight=w"],
+         "data.weight='w': 2 rows have a null, NaN, infinite or negative weight"),
+        ("missing weight column", [f"data.source={good}", "data.weight=w"],
+         "data.weight: weight column 'w' not in the DataFrame"),
         ("missing feature column", [f"data.source={good}", "data.features=[a, c]"],
          "feature column(s) ['c'] not in the DataFrame"),
         ("extra non-numeric column", [f"data.source={parquet('extra', frame(name=['x'] * 40))}"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -78,6 +79,51 @@ def test_a_rank_failure_carries_its_kind():
     err = worker_error(RuntimeError("Py4JJavaError: ... at org.apache.spark..."), monitor)
     assert err.kind == "input"
     assert str(err) == "training failed: [blocksync rank 2] TrainingDiverged: training diverged (at step 4, sync)"
+
+
+PEER_GONE = ("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6052. This is "
+             "typically caused by a remote worker crashing.")
+
+
+@pytest.mark.parametrize("dead_rank_shows", [True, False])
+def test_a_peers_connection_error_yields_to_the_rank_that_died(dead_rank_shows):
+    """Rank 0 dies; rank 3's collective notices first and reports "Connection closed by peer" (seen in
+    CI). The user must read about rank 0, which caused it; rank 3's error stands only when nothing else shows."""
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False)
+    try:
+        with connect(monitor) as rank3:
+            dying = connect(monitor)
+            send(dying, json.dumps({"rank": 0, "step": 3, "phase": "compute"}))
+            send(rank3, json.dumps({"rank": 3, "step": 3, "phase": "sync", "failed": PEER_GONE}))
+            wait_for(lambda: monitor.consequence is not None and 0 in monitor.ranks)
+            assert monitor.failure is None  # a consequence is not the root cause
+            if dead_rank_shows:
+                threading.Timer(0.5, dying.close).start()  # the death is seen after rank 3's error
+            started = time.monotonic()
+            error = worker_error(RuntimeError("Python worker exited unexpectedly (crashed)"), monitor)
+            waited = time.monotonic() - started
+        if not dead_rank_shows:
+            dying.close()
+    finally:
+        monitor.close()
+    if dead_rank_shows:
+        assert str(error) == ("training failed: rank 0's Python worker ended without finishing; its last heartbeat "
+                              "was at step 3 (compute)")
+    else:
+        assert str(error) == f"training failed: [blocksync rank 3] {PEER_GONE} (at step 3, sync)"
+        assert 2.0 <= waited < 4.0  # it waited for a root cause before settling for the consequence
+
+
+def test_a_rank_that_reported_its_error_is_not_also_a_death():
+    monitor = RunMonitor("127.0.0.1", total_steps=10, show_bar=False)
+    try:
+        with connect(monitor) as rank2:
+            send(rank2, json.dumps({"rank": 2, "step": 4, "phase": "sync", "failed": PEER_GONE}))
+            wait_for(lambda: monitor.consequence is not None)
+        time.sleep(0.5)  # its connection ended after its error: that is not a second failure
+    finally:
+        monitor.close()
+    assert monitor.failure is None and monitor.ended_rank is None
 
 
 def test_the_worker_line_and_its_kind_come_out_of_spark_text():

@@ -12,8 +12,9 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
-from blocksync.engine.blocks import FEATURES, LABEL
+from blocksync.engine.blocks import FEATURES, LABEL, WEIGHT
 
 
 def arrow_to_block(batches: Iterable[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +28,9 @@ def arrow_to_block(batches: Iterable[pa.RecordBatch]) -> tuple[np.ndarray, np.nd
 
 
 def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [k, d], labels float64 [k]) of one incoming batch: fresh, writable arrays."""
+    """(features float32 [k, d], targets float64) of one incoming batch: fresh, writable arrays.
+
+    Targets are the labels [k], or with a `weight` column (label, weight) pairs [k, 2]."""
     feats = batch.column(batch.schema.get_field_index(FEATURES))
     if feats.null_count:
         raise ValueError(f"{feats.null_count} rows have null features")
@@ -37,8 +40,18 @@ def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"feature arrays have lengths {low}..{high}; every row needs the same number of features.")
     values = feats.flatten().to_numpy(zero_copy_only=False).astype(np.float32)  # a writable copy
     x = np.ascontiguousarray(values.reshape(batch.num_rows, -1))
-    y = batch.column(batch.schema.get_field_index(LABEL)).to_numpy().astype(np.float64)
+    y = batch.column(batch.schema.get_field_index(LABEL)).to_numpy(zero_copy_only=False).astype(np.float64)
+    if WEIGHT in batch.schema.names:
+        w = batch.column(batch.schema.get_field_index(WEIGHT)).to_numpy(zero_copy_only=False).astype(np.float64)
+        y = np.stack([y, w], axis=1)
     return x, y
+
+
+def split_targets(y: np.ndarray | torch.Tensor) -> tuple:
+    """(labels, weights or None) of a targets array: [n] labels, or [n, 2] (label, weight) pairs."""
+    if y.ndim == 2:
+        return y[:, 0], y[:, 1]
+    return y, None
 
 
 def steps_per_epoch(total_rows: int, batch_size: int) -> int:

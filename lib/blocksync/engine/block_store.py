@@ -77,6 +77,10 @@ class MemoryBlock:
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
+    def weights(self) -> torch.Tensor:
+        """Every row's weight, on the CPU; rows of (label, weight) only."""
+        return self.y[:, 1].cpu()
+
     def close(self) -> None:
         pass
 
@@ -84,9 +88,11 @@ class MemoryBlock:
 class DiskBlockWriter:
     """Appends batches to the two unnamed files; `finish()` maps them for training."""
 
-    def __init__(self, num_features: int, expected_rows: int, directory: str | None = None) -> None:
+    def __init__(self, num_features: int, expected_rows: int, directory: str | None = None,
+                 target_columns: int = 1) -> None:
         self.directory = directory or spark_local_dir()
         self.num_features = num_features
+        self.target_columns = target_columns
         needed = expected_rows * row_bytes(num_features)
         free = shutil.disk_usage(self.directory).free
         if needed > free:
@@ -113,7 +119,7 @@ class DiskBlockWriter:
     def finish(self, budget_bytes: int, device: torch.device) -> DiskBlock:
         for f in self._files:
             f.flush()
-        return DiskBlock(self._files, self.rows, self.num_features, budget_bytes, device)
+        return DiskBlock(self._files, self.rows, self.num_features, budget_bytes, device, self.target_columns)
 
     def close(self) -> None:
         for f in self._files:
@@ -126,19 +132,28 @@ class DiskBlock:
     block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
-                 device: torch.device) -> None:
+                 device: torch.device, target_columns: int = 1) -> None:
         self.rows, self.num_features, self.device = rows, num_features, device
+        self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
         self._window = max(budget_bytes, 2 * PAGE + row_bytes(num_features))
 
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
         xb = np.empty((len(rows), self.num_features), dtype=np.float32)
-        yb = np.empty((len(rows),), dtype=np.float64)
+        yb = np.empty((len(rows), *self.target_shape), dtype=np.float64)
         if len(rows):
             self._gather(self._files[0], rows, xb, 4 * self.num_features)
-            self._gather(self._files[1], rows, yb, LABEL_BYTES)
+            self._gather(self._files[1], rows, yb, yb.itemsize * max(1, yb[0].size))
         return torch.from_numpy(xb).to(self.device), torch.from_numpy(yb).to(self.device)
+
+    def weights(self) -> torch.Tensor:
+        """Every row's weight (8 bytes a row in memory), for the per-step weight sums; rows of
+        (label, weight) only."""
+        targets = np.empty((self.rows, *self.target_shape), dtype=np.float64)
+        if self.rows:
+            self._gather(self._files[1], np.arange(self.rows), targets, 8 * targets[0].size)
+        return torch.from_numpy(np.ascontiguousarray(targets[:, 1]))
 
     def _gather(self, f: IO[bytes], rows: np.ndarray, out: np.ndarray, width: int) -> None:
         """out[i] = row rows[i] of `f`, reading the rows in file order through budget-sized windows."""
@@ -161,4 +176,5 @@ class DiskBlock:
 
 
 Block = MemoryBlock | DiskBlock
-"""A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device), `close()`."""
+"""A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device: features
+and targets, see `block_data.split_targets`), `weights()` (with per-row weights), `close()`."""

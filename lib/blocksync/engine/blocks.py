@@ -29,6 +29,8 @@ from pyspark.sql.window import Window
 
 FEATURES = "features"
 LABEL = "label"
+WEIGHT = "weight"
+"""With per-row weights: the blocks' third column (float64, checked finite and non-negative)."""
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
 
@@ -198,16 +200,19 @@ def make_blocks(
     seed: int,
     validation_col: str | None = None,
     validation_fraction: float = 0.0,
+    weight: str | None = None,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo).
 
     With validation (rows flagged by `validation_col`, or a seeded content-hashed
     `validation_fraction`), held-out rows are balanced over the blocks on their
-    own and placed after each block's training rows.
+    own and placed after each block's training rows. `weight` names a numeric column of per-row
+    weights, carried as the blocks' `weight` column and checked here (finite, >= 0).
     """
     check_label_not_a_feature(features, label)
+    weights = [weight_column(df, weight).alias(WEIGHT)] if weight else []
     data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL),
-                     validation_flag(df, validation_col).alias("_val"))
+                     validation_flag(df, validation_col).alias("_val"), *weights)
     if validation_fraction > 0:
         share = F.pmod(F.xxhash64(F.lit(seed + 1), F.col(FEATURES), F.col(LABEL)), F.lit(1_000_000))
         data = data.withColumn("_val", share < F.lit(int(validation_fraction * 1_000_000)))
@@ -220,9 +225,11 @@ def make_blocks(
         F.min(F.size(FEATURES)).alias("dmin"),
         F.max(F.size(FEATURES)).alias("dmax"),
         F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
+        F.sum(bad_weight_flag() if weight else F.lit(0)).alias("bad_weights"),
         *label_aggregates(),
     ).collect()
     num_features = _check_stats(stats)
+    _check_weights(stats, weight)
     totals = {held: sum(int(r["n"]) for r in stats if r["_val"] is held) for held in (False, True)}
     if any(r["_val"] is None for r in stats):
         raise ValueError(f"validation column {validation_col!r} has nulls; mark every row true or false.")
@@ -233,13 +240,13 @@ def make_blocks(
         raise ValueError(f"{where} holds out no rows; mark some rows true, or raise the fraction.")
 
     offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
-    index_in_bucket = F.row_number().over(
-        Window.partitionBy("_val", "_bucket").orderBy("_key", FEATURES, LABEL)) - 1
+    tie_break = [FEATURES, LABEL, *([WEIGHT] if weight else [])]  # equal rows in a fixed order
+    index_in_bucket = F.row_number().over(Window.partitionBy("_val", "_bucket").orderBy("_key", *tie_break)) - 1
     bucket = F.col("_bucket").cast("int") + 1
     bucket_offset = F.when(F.col("_val"), F.element_at(F.array(*[F.lit(o) for o in offsets[True]]), bucket)).otherwise(
         F.element_at(F.array(*[F.lit(o) for o in offsets[False]]), bucket))
     assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
-    blocks = place_blocks(assigned, block="_block", order=["_val", "_key", FEATURES, LABEL], num_workers=num_workers)
+    blocks = place_blocks(assigned, block="_block", order=["_val", "_key", *tie_break], num_workers=num_workers)
     sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
     held_out = sizes[True] if (validation_col is not None or validation_fraction > 0) else None
     return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
@@ -279,6 +286,31 @@ def _check_stats(stats: list) -> int:
     return num_features
 
 
+def weight_column(df: DataFrame, weight: str) -> Column:
+    """`weight` as float64, or a ValueError naming the column and what it must be."""
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    if weight not in schema:
+        raise ValueError(f"weight column {weight!r} not in the DataFrame (columns: {sorted(schema)}); name a "
+                         "numeric column of per-row weights, or leave the weight unset.")
+    if not isinstance(schema[weight], _NUMERIC):
+        raise ValueError(f"weight column {weight!r} is {schema[weight].simpleString()}; row weights must be "
+                         "numbers >= 0.")
+    return F.col(weight).cast("double")
+
+
+def bad_weight_flag() -> Column:
+    """1 for a row whose weight is null, NaN, infinite or negative, else 0."""
+    w = F.col(WEIGHT)
+    return F.when(w.isNull() | F.isnan(w) | (F.abs(w) == F.lit(float("inf"))) | (w < 0), 1).otherwise(0)
+
+
+def _check_weights(stats: list, weight: str | None) -> None:
+    bad = sum(int(r["bad_weights"] or 0) for r in stats)
+    if weight and bad:
+        raise ValueError(f"{bad} rows have a null, NaN, infinite or negative weight in column {weight!r}; "
+                         "row weights must be finite numbers >= 0: fix or drop those rows.")
+
+
 def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: int) -> DataFrame:
     """Put rows whose `block` column is i into partition i (exactly), sorted by `order` inside it."""
     keys = partition_keys(df.sparkSession, num_workers)
@@ -287,5 +319,5 @@ def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: in
         df.withColumn("_pkey", part_key.cast("long"))
         .repartition(num_workers, "_pkey")
         .sortWithinPartitions(*order)
-        .select(FEATURES, LABEL)
+        .select(FEATURES, LABEL, *([WEIGHT] if WEIGHT in df.columns else []))
     )

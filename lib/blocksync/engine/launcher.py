@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from blocksync.engine import checkpoint, startup
 from blocksync.engine.block_data import steps_per_epoch
-from blocksync.engine.blocks import BlockInfo, label_aggregates, label_facts, make_blocks
+from blocksync.engine.blocks import WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.metrics import run_metrics
@@ -220,11 +220,15 @@ def train(
     label: str = "label",
     progress: str = "off",
     validation: str | None = None,
+    weight: str | None = None,
 ) -> TrainResult:
     """Train `config.model` on `df` by block-synchronous data parallelism.
 
     `features` names an array<float> column, an ML vector column, or a list of
-    numeric columns; `label` a numeric column (class index or target).
+    numeric columns; `label` a numeric column (class index or target); `weight`
+    an optional numeric column of per-row weights (finite, >= 0): each step then
+    minimizes the weighted sum of the rows' losses over the global batch divided
+    by the batch's summed weights, exactly as one process would.
     `progress`: "bar" (tqdm on stderr, fed by rank 0 during the stage), "log"
     (a log line per epoch) or "off". `validation` names a boolean column whose
     true rows are held out for the per-epoch validation loss (instead of
@@ -242,14 +246,17 @@ def train(
         raise ValueError(f"early_stopping_patience={config.early_stopping_patience} needs validation rows: set "
                          "validation_fraction, or pass a validation column.")
     if config.blocks == "auto" and validation is None and not config.validation_fraction:
-        files = parquet_scan_files(df, [*([features] if isinstance(features, str) else features), label])
+        names = [*([features] if isinstance(features, str) else features), label, *([weight] if weight else [])]
+        files = parquet_scan_files(df, names)
         if files is not None:
             log.info("the DataFrame is a plain scan of %d Parquet file(s): each worker reads its rows of them "
                      "(blocks=auto chose files: no shuffle)", len(files))
-            return train_files(spark, files, config, features=features, label=label, progress=progress)
+            return train_files(spark, files, config, features=features, label=label, progress=progress,
+                               weight=weight)
     check_slots(spark, config.num_workers)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
-                               validation_col=validation, validation_fraction=config.validation_fraction)
+                               validation_col=validation, validation_fraction=config.validation_fraction,
+                               weight=weight)
     return train_blocks(spark, blocks, info, config, progress=progress)
 
 
@@ -261,6 +268,7 @@ def train_files(
     features: str | list[str] = "features",
     label: str = "label",
     progress: str = "off",
+    weight: str | None = None,
 ) -> TrainResult:
     """Like `train`, on Parquet files (a folder, a file or a list; any pyarrow filesystem URI) that
     every worker reads its own balanced row range of, without a Spark shuffle (see `shards`).
@@ -272,7 +280,8 @@ def train_files(
         raise ValueError("validation_fraction and early_stopping_patience need blocks cut by Spark: call "
                          "train(spark, df, config) (blocks=shuffle), or set them to 0.")
     check_slots(spark, config.num_workers)
-    shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers)
+    shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers,
+                               weight=weight)
     # One empty partition per rank: the barrier stage needs N tasks, and each reads its own rows.
     ranks = spark.range(config.num_workers, numPartitions=config.num_workers)
     return train_blocks(spark, ranks, info, config, progress=progress, shards=shards)
@@ -317,6 +326,7 @@ def train_blocks(
         block_rows=list(info.sizes),
         val_rows=list(info.val_sizes) if info.val_sizes is not None else None,
         storage=storage,
+        weighted=(shards.weight is not None) if shards else WEIGHT in blocks.columns,
     )
     check_checkpoint(config, info.num_features, num_outputs)
     log.info(

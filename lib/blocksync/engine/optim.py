@@ -38,8 +38,13 @@ def build_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 
-def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
-    """Summed (not averaged) loss, so workers' sums add up to the global batch's."""
+def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str,
+             weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Summed (not averaged) loss, each row's times its weight when given, so workers' sums add up to
+    the global batch's."""
+    reduction = "sum" if weights is None else "none"
     if task == "classification":
-        return nn.functional.cross_entropy(outputs, labels.long(), reduction="sum")
-    return nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype), reduction="sum")
+        loss = nn.functional.cross_entropy(outputs, labels.long(), reduction=reduction)
+    else:
+        loss = nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype), reduction=reduction)
+    return loss if weights is None else (loss * weights.to(loss.dtype)).sum()

@@ -16,14 +16,19 @@ ones (the others wait for them); the monitor records which, and at what step,
 and calls `on_stall` (the launcher cancels the stage). A rank whose connection
 ends without a final "done" died (its Python worker exited); that is recorded
 too, and a rank that raised sends its error first. The first of these events
-is the root cause the launcher reports. Heartbeats are advisory: a rank that cannot connect logs a warning and
-trains on.
+is the root cause the launcher reports, except that an error which only says a
+peer went away (Gloo's "Connection closed by peer", Horovod's "has been shut
+down") is a consequence: it is reported only when no rank's own failure or death
+shows up within a moment of it (`failure_text`), since a dead rank's peers often
+notice before the monitor sees its connection end. Heartbeats are advisory: a
+rank that cannot connect logs a warning and trains on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 0.5
 SILENT_SECONDS = 3.0
 """A rank's heartbeats missing this long (6 beats) while others' arrive: it is cut off."""
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|Horovod has been shut down")
+"""What a rank's error says when only a peer of it failed (see the module docstring)."""
 
 
 class RunMonitor:
@@ -55,6 +62,8 @@ class RunMonitor:
         self.on_stall = on_stall
         self.ranks: dict[int, dict[str, Any]] = {}
         self.failure: str | None = None
+        self.consequence: str | None = None
+        """The first error that only says a peer went away (PEER_LOST): the failure when nothing else shows."""
         self.failure_kind = "runtime"
         """`input` when the first failure was a rank's bad data or settings (see worker), else `runtime`."""
         self.last_progress: dict[str, Any] = {}
@@ -106,7 +115,7 @@ class RunMonitor:
         if rank is not None:
             with self._lock:
                 state = self.ranks[rank]
-                if not state["done"] and self.failure is None and not self._stop.is_set():
+                if not (state["done"] or state.get("failed")) and self.failure is None and not self._stop.is_set():
                     self.failure = (f"rank {rank}'s Python worker ended without finishing; its last heartbeat "
                                     f"was at step {state['step']} ({state['phase']})")
                     self.ended_rank = rank
@@ -114,9 +123,12 @@ class RunMonitor:
     def failure_text(self, wait_seconds: float = 2.0) -> str | None:
         """The first failure. A rank whose process died is described by what it printed as it died
         (its stderr relay reports a moment after the heartbeat connection drops, hence the wait)."""
+        deadline = time.monotonic() + wait_seconds
+        while self.failure is None and self.consequence is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # a peer's connection error came first: the rank that caused it may yet show
         rank = self.ended_rank
         if rank is None or self.failure is None:
-            return self.failure
+            return self.failure or self.consequence
         deadline = time.monotonic() + wait_seconds
         while rank not in self.last_words and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -138,9 +150,14 @@ class RunMonitor:
             if (msg["step"], msg["phase"]) != (state["step"], state["phase"]):
                 state.update(step=msg["step"], phase=msg["phase"], changed=now)
             state["done"] = state["done"] or bool(msg.get("done"))
-            if msg.get("failed") and self.failure is None:
-                self.failure = f"[blocksync rank {rank}] {msg['failed']} (at step {msg['step']}, {msg['phase']})"
-                self.failure_kind = "input" if msg.get("kind") == "input" else "runtime"
+            if msg.get("failed"):
+                state["failed"] = True
+                text = f"[blocksync rank {rank}] {msg['failed']} (at step {msg['step']}, {msg['phase']})"
+                if PEER_LOST.search(str(msg["failed"])):
+                    self.consequence = self.consequence or text
+                elif self.failure is None:
+                    self.failure = text
+                    self.failure_kind = "input" if msg.get("kind") == "input" else "runtime"
         if "progress" in msg:
             self._show(msg["progress"])
 

@@ -74,6 +74,8 @@ class ShardPlan:
     """One array column, or numeric columns stacked in this order."""
     label: str
     pieces: list[list[Piece]]
+    weight: str | None = None
+    """A numeric column of per-row weights; targets are then (label, weight) pairs."""
 
 
 def _dataset(paths: str | list[str]) -> ds.Dataset:
@@ -152,9 +154,13 @@ def _label_range(dataset: ds.Dataset, row_groups: list[Any], label: str, spark: 
 
 
 def plan_shards(
-    spark: Any, paths: str | list[str], *, features: str | list[str], label: str, num_workers: int
+    spark: Any, paths: str | list[str], *, features: str | list[str], label: str, num_workers: int,
+    weight: str | None = None,
 ) -> tuple[ShardPlan, BlockInfo]:
-    """Assign every row of the Parquet files at `paths` to one of `num_workers` balanced, contiguous blocks."""
+    """Assign every row of the Parquet files at `paths` to one of `num_workers` balanced, contiguous blocks.
+
+    `weight`: a numeric column of per-row weights, read with the rows (each worker checks its own
+    are finite and >= 0)."""
     check_label_not_a_feature(features, label)
     dataset = _dataset(paths)
     columns = _feature_columns(dataset.schema, features)
@@ -162,6 +168,10 @@ def plan_shards(
     kind = dataset.schema.field(label).type
     if not _is_number(kind):
         raise label_not_numeric(label, str(kind))
+    if weight is not None and (weight not in dataset.schema.names
+                               or not _is_number(dataset.schema.field(weight).type)):
+        raise ValueError(f"weight column {weight!r} is not a numeric column of the Parquet files "
+                         f"(columns: {sorted(dataset.schema.names)}); name one, or leave the weight unset.")
     fragments = sorted(dataset.get_fragments(), key=lambda f: f.path)
     groups = [(f.path, rg) for f in fragments for rg in f.row_groups if rg.num_rows]
     total = sum(rg.num_rows for _, rg in groups)
@@ -183,7 +193,7 @@ def plan_shards(
                 pieces[rank].append(Piece(path, rg.id, start - lo, stop - lo))
         offset = hi
     labels = _label_range(dataset, [rg for _, rg in groups], label, spark, paths)
-    plan = ShardPlan(filesystem=dataset.filesystem, features=columns, label=label, pieces=pieces)
+    plan = ShardPlan(filesystem=dataset.filesystem, features=columns, label=label, pieces=pieces, weight=weight)
     return plan, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)
 
 
@@ -203,7 +213,7 @@ def read_block(plan: ShardPlan, rank: int, num_features: int) -> tuple[np.ndarra
 def iter_pieces(plan: ShardPlan, rank: int, num_features: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """`rank`'s rows as (features float32 [k, d], labels float64 [k]), one row-group slice at a time:
     at most one row group is held while reading."""
-    columns = [*plan.features, plan.label]
+    columns = [*plan.features, plan.label, *([plan.weight] if plan.weight else [])]
     files: dict[str, pq.ParquetFile] = {}
     for piece in plan.pieces[rank]:
         try:
@@ -219,7 +229,7 @@ def iter_pieces(plan: ShardPlan, rank: int, num_features: int) -> Iterator[tuple
 
 
 def _piece_arrays(plan: ShardPlan, table: pa.Table, num_features: int) -> tuple[np.ndarray, np.ndarray]:
-    for name in [*plan.features, plan.label]:
+    for name in [*plan.features, plan.label, *([plan.weight] if plan.weight else [])]:
         if table.column(name).null_count:
             raise ValueError(f"{table.column(name).null_count} rows have a null {name!r}; drop or fill them first.")
     x = np.empty((table.num_rows, num_features), dtype=np.float32)
@@ -238,4 +248,7 @@ def _piece_arrays(plan: ShardPlan, table: pa.Table, num_features: int) -> tuple[
     else:
         for j, name in enumerate(plan.features):
             x[:, j] = table.column(name).to_numpy()
-    return x, table.column(plan.label).to_numpy().astype(np.float64)
+    y = table.column(plan.label).to_numpy().astype(np.float64)
+    if plan.weight:
+        y = np.stack([y, table.column(plan.weight).to_numpy().astype(np.float64)], axis=1)
+    return x, y

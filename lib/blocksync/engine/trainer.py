@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from blocksync.engine import checkpoint
-from blocksync.engine.block_data import batch_slices, epoch_permutation
+from blocksync.engine.block_data import batch_slices, epoch_permutation, split_targets
 from blocksync.engine.collectives import Collective, to_collective
 from blocksync.engine.compression import make_compressor
 from blocksync.engine.models import build_model
@@ -155,6 +155,8 @@ class Trainer:
             rows = self.block.rows
             order = torch.from_numpy(epoch_permutation(rows, self.cfg.seed, self.rank, epoch)).to(self.device)
             slices = batch_slices(rows, per_epoch)
+            if self.plan.weighted:
+                self.global_batch = self.step_weights(order, slices)
             for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
                 self.step(epoch, s_in_epoch, order, slices[s_in_epoch])
                 if self.first_step_done_at is None:
@@ -172,6 +174,14 @@ class Trainer:
         self.beat.at(self.step_count, "sync")
         check_replicas(self.coll, self.model, self.step_count)
         return seconds
+
+    def step_weights(self, order: torch.Tensor, slices: list[tuple[int, int]]) -> np.ndarray:
+        """Collective, once an epoch: each step's summed row weights over every rank's slice, the
+        denominator of that step's weighted mean, known to every rank before the step."""
+        weights = self.block.weights().double()[order.cpu()]
+        local = torch.tensor([float(weights[lo:hi].sum()) for lo, hi in slices], dtype=torch.float64)
+        # float64 all the way: every rank divides by the same bits the reference sums to.
+        return self.coll.allreduce_sum(local).numpy().astype(np.float64)
 
     def step(self, epoch: int, s_in_epoch: int, order: torch.Tensor, bounds: tuple[int, int]) -> None:
         step, (lo, hi) = self.step_count, bounds
@@ -205,21 +215,24 @@ class Trainer:
             loss = float(self.epoch_stats[1]) / max(float(self.epoch_stats[0]), 1.0)
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
 
-    def compute(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
-        """Summed loss and its gradients (into self.grads) over the local batch; returns the row count."""
+    def compute(self, xb: torch.Tensor, targets: torch.Tensor) -> float:
+        """Summed (weighted) loss and its gradients (into self.grads) over the local batch; returns the
+        row count, or with row weights their sum."""
         self.optimizer.zero_grad(set_to_none=False)
-        count = float(xb.shape[0])
-        if not count:
-            return count
+        if not xb.shape[0]:
+            return 0.0
+        yb, wb = split_targets(targets)
+        count = float(xb.shape[0]) if wb is None else float(wb.sum())
         bf16 = self.cfg.mixed_precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = self.model(xb)
-            loss = loss_sum(out.float(), yb, self.cfg.task)
+            loss = loss_sum(out.float(), yb, self.cfg.task, wb)
         loss.backward()
         self.epoch_stats[0] += count
         self.epoch_stats[1] += float(loss.detach())
         if self.cfg.task == "classification":
-            self.epoch_stats[2] += float((out.detach().argmax(1) == yb.long()).sum())
+            right = (out.detach().argmax(1) == yb.long()).double()
+            self.epoch_stats[2] += float(right.sum() if wb is None else (right * wb).sum())
         return count
 
     def sync(self, s_in_epoch: int, count: float) -> None:
@@ -229,8 +242,10 @@ class Trainer:
                     g.div_(count)
             self.samples_since_sync += count
             return
-        # A step where no rank has rows (tiny blocks, small batches) exchanges zeros, not 0/0.
-        contribution = torch.cat([g.reshape(-1) for g in self.grads]) / max(float(self.global_batch[s_in_epoch]), 1.0)
+        # A step where no rank has rows (tiny blocks, small batches), or only rows of weight 0, has zero
+        # gradients everywhere: it exchanges zeros, not 0/0.
+        total = float(self.global_batch[s_in_epoch])
+        contribution = torch.cat([g.reshape(-1) for g in self.grads]) / (total if total > 0 else 1.0)
         exchanged = self.compressor.exchange(to_collective(self.coll, contribution), self.step_count)
         self.traffic += torch.tensor([exchanged.payload_bytes, exchanged.wire_bytes], dtype=torch.float64)
         mean = exchanged.mean_gradient
@@ -282,7 +297,8 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Collective: the loss (and accuracy) over every rank's held-out rows, with these weights."""
         assert self.validation is not None
-        x, y = self.validation
+        x, targets = self.validation
+        y, _ = split_targets(targets)  # held-out rows count equally, whatever their weight
         stats = torch.zeros(3, dtype=torch.float64)
         self.model.eval()
         with torch.no_grad():

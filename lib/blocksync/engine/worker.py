@@ -62,7 +62,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from blocksync.engine.block_data import batch_arrays
+from blocksync.engine.block_data import batch_arrays, split_targets
 from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, block_too_large
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
@@ -105,6 +105,9 @@ class WorkerPlan:
     """Held-out validation rows of each rank, after its `block_rows` in the partition; None: no validation."""
     storage: str = "memory"
     """`memory` or `disk`: train.block_storage, with `auto` resolved by the driver (`storage`)."""
+    weighted: bool = False
+    """Rows carry a weight (targets are (label, weight) pairs): the loss is the weighted sum over the
+    global batch divided by its summed weights."""
     launched_at: float = 0.0
     """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
 
@@ -147,11 +150,17 @@ def _rows(kind: str, rank: int, payloads: list[bytes]) -> pa.RecordBatch:
     )
 
 
-def _validate_block(plan: WorkerPlan, x: np.ndarray, y: np.ndarray) -> str:
+def _validate_block(plan: WorkerPlan, x: np.ndarray, targets: np.ndarray) -> str:
     if x.shape[0] and x.shape[1] != plan.num_features:
         return f"block has {x.shape[1]} features, expected {plan.num_features}"
     if not np.isfinite(x).all():
         return f"{int((~np.isfinite(x)).any(axis=1).sum())} rows have NaN or infinite features"
+    y, w = split_targets(targets)
+    if w is not None:
+        bad_weights = int((~np.isfinite(w) | (w < 0)).sum())
+        if bad_weights:
+            return (f"{bad_weights} row weights are negative, NaN or infinite; a weight column holds "
+                    "finite numbers >= 0")
     if plan.config.task == "classification" and y.size:
         bad = (y < 0) | (y >= plan.num_outputs) | (y != np.floor(y))
         if bad.any():
@@ -230,7 +239,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
         if plan.val_rows is not None:
             pieces = _split_tail(pieces, expected, held_out)
         if plan.storage == "disk":
-            writer = DiskBlockWriter(plan.num_features, expected)
+            writer = DiskBlockWriter(plan.num_features, expected, target_columns=2 if plan.weighted else 1)
             try:
                 for x, y in pieces:
                     writer.append(x, y)
@@ -239,11 +248,11 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
                 raise
             return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
         try:
-            return MemoryBlock(*_fill(pieces, expected, plan.num_features), device), ""
+            return MemoryBlock(*_fill(pieces, expected, plan.num_features, plan.weighted), device), ""
         except MemoryError as err:
             raise block_too_large(expected, plan.num_features) from err
     except ValueError as err:  # bad data in this block: every rank fails with it, none waits
-        return MemoryBlock(np.zeros((0, plan.num_features), np.float32), np.zeros(0), device), str(err)
+        return MemoryBlock(np.zeros((0, plan.num_features), np.float32), _targets(0, plan.weighted), device), str(err)
 
 
 def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> Iterator[tuple[np.ndarray, ...]]:
@@ -264,8 +273,13 @@ def _validation_set(plan: WorkerPlan, held_out: list[tuple[np.ndarray, np.ndarra
     if plan.val_rows is None:
         return None
     x = np.concatenate([p[0] for p in held_out]) if held_out else np.zeros((0, plan.num_features), np.float32)
-    y = np.concatenate([p[1] for p in held_out]) if held_out else np.zeros(0)
+    y = np.concatenate([p[1] for p in held_out]) if held_out else _targets(0, plan.weighted)
     return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+def _targets(rows: int, weighted: bool) -> np.ndarray:
+    """An uninitialized targets array: labels [rows], or (label, weight) pairs [rows, 2]."""
+    return np.empty((rows, 2) if weighted else (rows,), dtype=np.float64)
 
 
 def _split_tail(pieces: Iterator[tuple[np.ndarray, np.ndarray]], keep: int,
@@ -289,11 +303,11 @@ def _checked(plan: WorkerPlan, pieces: Iterator[tuple[np.ndarray, ...]]) -> Iter
 
 
 def _fill(pieces: Iterator[tuple[np.ndarray, np.ndarray]], expected: int,
-          num_features: int) -> tuple[np.ndarray, np.ndarray]:
+          num_features: int, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
     """The block in two arrays allocated once for the `expected` rows and filled piece by piece (so loading
     holds one piece beyond the block); rows beyond `expected` (a caller's wrong count) are appended."""
     x = np.empty((expected, num_features), dtype=np.float32)
-    y = np.empty((expected,), dtype=np.float64)
+    y = _targets(expected, weighted)
     row, extra = 0, []
     for xp, yp in pieces:
         take = min(len(xp), expected - row)

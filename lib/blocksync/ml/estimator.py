@@ -95,7 +95,8 @@ class _BlockSyncEstimator(Estimator, TrainParams, DefaultParamsReadable, Default
         spark = dataset.sparkSession
         with SLOT_GATE.hold(config.num_workers, task_slots(spark)):
             result = train(spark, dataset, config, features=self.features_spec(), label=self.getLabelCol(),
-                           progress=self.getOrDefault("progress"), validation=self.validation_column())
+                           progress=self.getOrDefault("progress"), validation=self.validation_column(),
+                           weight=self.weight_column())
         from safetensors.torch import save
 
         weights = save({k: v.detach().cpu().contiguous() for k, v in result.model.state_dict().items()})

@@ -14,7 +14,13 @@ from dataclasses import fields
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIndicatorCol
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasValidationIndicatorCol,
+    HasWeightCol,
+)
 
 from blocksync.engine.config import CheckpointSettings, HorovodSettings, ModelSpec, TimeoutSettings, TrainConfig
 
@@ -81,7 +87,7 @@ def _default(field_name: str) -> Any:
     return {f.name: getattr(value, f.name) for f in fields(value)} if hasattr(value, "__dataclass_fields__") else value
 
 
-class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIndicatorCol):
+class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIndicatorCol, HasWeightCol):
     """The training settings, the columns, and `progress`."""
 
     featuresCols: Param[list[str]] = Param(
@@ -107,6 +113,13 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIn
 
     def setPredictionCol(self, value: str) -> TrainParams:
         return self._set(predictionCol=value)
+
+    def setWeightCol(self, value: str) -> TrainParams:
+        return self._set(weightCol=value)
+
+    def weight_column(self) -> str | None:
+        """weightCol when set (and not empty): per-row weights, finite and >= 0, in the training loss."""
+        return self.getWeightCol() or None if self.isSet("weightCol") else None
 
     def validation_column(self) -> str | None:
         """validationIndicatorCol when set: its true rows are held out for the per-epoch validation loss."""

@@ -19,16 +19,25 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.engine.blocks import FEATURES, LABEL, check_label_not_a_feature, features_column
+from blocksync.engine.blocks import (
+    FEATURES,
+    LABEL,
+    WEIGHT,
+    bad_weight_flag,
+    check_label_not_a_feature,
+    features_column,
+    weight_column,
+)
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import load_source
 
 MAX_CLASSES = 1000
 
 
-def resolve_feature_columns(df: DataFrame, features: list[str] | str | None, label: str) -> list[str] | str:
+def resolve_feature_columns(df: DataFrame, features: list[str] | str | None, label: str,
+                            weight: str | None = None) -> list[str] | str:
     if features is None:
-        cols = [c for c in df.columns if c != label]
+        cols = [c for c in df.columns if c not in (label, weight)]
         return cols[0] if len(cols) == 1 else cols
     return features
 
@@ -103,6 +112,19 @@ def apply_standardization(df: DataFrame, mean: list[float], std: list[float]) ->
     return df.withColumn(FEATURES, standardized(F.col(FEATURES), mean, std))
 
 
+def checked_weights(df: DataFrame, weight: str) -> Column:
+    """data.weight as float64, after one pass that refuses null, NaN, infinite or negative weights."""
+    try:
+        column = weight_column(df, weight)
+    except ValueError as err:
+        raise ValueError(f"data.weight: {err}") from err
+    bad = int(df.select(column.alias(WEIGHT)).agg(F.sum(bad_weight_flag())).collect()[0][0] or 0)
+    if bad:
+        raise ValueError(f"data.weight={weight!r}: {bad} rows have a null, NaN, infinite or negative weight; "
+                         "row weights must be finite numbers >= 0: fix or drop those rows.")
+    return column
+
+
 def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Write `run_dir/prepared/{train,test}.parquet` and `prepare.json`; return the metadata."""
     data, task = config.data, config.train.task
@@ -110,13 +132,14 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     if raw.limit(1).count() == 0:
         raise ValueError(f"data.source={data.source!r} has no rows; check the path, table or filter.")
     labels = label_mapping(raw, data.label, task)
-    feature_cols = resolve_feature_columns(raw, data.features, data.label)
+    feature_cols = resolve_feature_columns(raw, data.features, data.label, data.weight)
     check_label_not_a_feature(feature_cols, data.label)
+    weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
     if labels is None:
         label = F.col(data.label).cast("double")
     else:
         label = (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(data.label)) - 1).cast("double")
-    assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL))
+    assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL), *weights)
     assembled, dropped = screen_invalid_rows(assembled, data.invalid_rows)
     train, test = assembled.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
     mean: list[float] | None = None
@@ -136,6 +159,7 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         "task": task,
         "feature_columns": feature_cols,
         "label_column": data.label,
+        "weight_column": data.weight,
         "labels": labels,
         "mean": mean,
         "std": std,

@@ -73,6 +73,8 @@ class DataSettings:
     """Feature columns (a list, or one array/vector column); null: every column except the label."""
     label: str = "label"
     """Label column: class names or indices (classification), or a number (regression)."""
+    weight: str | None = None
+    """Optional column of per-row weights (finite numbers >= 0) for the training loss; never a feature."""
     test_fraction: float = 0.2
     """Share of rows held out for evaluation."""
     seed: int = 42

@@ -131,11 +131,13 @@ def train_stage(
     prep_meta = json.loads((prepared / "prepare.json").read_text())
     progress = "bar" if config.progress else "log"
     train_path = str(prepared / "train.parquet")
+    weight = "weight" if prep_meta.get("weight_column") else None  # prepare's name for data.weight
     if config.train.blocks == "files":
-        result = train_files(spark, train_path, config.train, features="features", label="label", progress=progress)
+        result = train_files(spark, train_path, config.train, features="features", label="label", progress=progress,
+                             weight=weight)
     else:
         result = train(spark, spark.read.parquet(train_path), config.train, features="features", label="label",
-                       progress=progress)
+                       progress=progress, weight=weight)
     stage = _Staging(run_dir, "train")
     with stage as tmp:
         save_model(tmp / "model", result.model,
