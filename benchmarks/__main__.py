@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("allreduce", "throughput", "compression", "peers", "memory", "scoring", "accuracy", "netcluster",
-              "scaling")
-NEEDS_SPARK = ("allreduce", "throughput", "compression", "peers", "memory", "scoring", "accuracy")
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring", "accuracy",
+              "demo", "netcluster", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring", "accuracy")
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -50,7 +50,9 @@ def provenance() -> dict[str, Any]:
         return proc.stdout.strip() if proc.returncode == 0 else "unknown"
 
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "lib", "benchmarks"))}
+            "commit": git("rev-parse", "HEAD"),
+            # Code only: results written earlier in the same `make bench` do not make the tree dirty.
+            "dirty": bool(git("status", "--porcelain", "--", "lib", "benchmarks", ":!benchmarks/results"))}
 
 
 def write(name: str, payload: dict[str, Any], markdown: str) -> Path:

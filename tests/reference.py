@@ -29,6 +29,9 @@ that of the summed loss over the global batch divided by the global batch size;
 then one optimizer step. (A step whose global batch is empty has no defined
 gradient: the reference refuses it.)
 
+A custom loss (`cfg.loss`, `package.module:fn`) replaces the task's summed loss: by contract it
+returns the loss summed over the rows it is given, so everything above holds with it unchanged.
+
 Row weights: a block may be (features, labels, weights). Then each row's loss
 counts times its weight, and "size" means summed weights: a step divides the
 weighted loss sum over the global batch by the global batch's summed weights;
@@ -73,6 +76,7 @@ bf16 mixed precision.
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 from typing import Any
 
@@ -124,7 +128,12 @@ def reference_model(spec: Any, num_features: int, num_outputs: int) -> nn.Module
     raise ValueError(f"the reference builds logreg and mlp only, not {spec.name!r}")
 
 
-def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, loss: str | None = None) -> torch.Tensor:
+    """The task's summed loss, or the user's `package.module:fn` (it sums over rows by contract)."""
+    if loss:
+        module_name, _, name = loss.partition(":")
+        fn = getattr(importlib.import_module(module_name), name)
+        return fn(outputs, labels.long() if task == "classification" else labels.to(outputs.dtype))
     if task == "classification":
         return nn.functional.cross_entropy(outputs, labels.long(), reduction="sum")
     if task == "regression":
@@ -197,7 +206,7 @@ class _Run:
         out = model(self.x[rank][idx])
         self.streams[rank] = torch.get_rng_state()
         if self.w[rank] is None:
-            return summed_loss(out, self.y[rank][idx], self.cfg.task)
+            return summed_loss(out, self.y[rank][idx], self.cfg.task, self.cfg.loss)
         weights = self.w[rank][idx]
         return sum(weights[i].float() * summed_loss(out[i:i + 1], self.y[rank][idx][i:i + 1], self.cfg.task)
                    for i in range(len(rows)))

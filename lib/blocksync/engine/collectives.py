@@ -400,7 +400,7 @@ class HorovodCollective(Collective):
         done, so each waiting rank keeps a core busy. With more ranks than cores
         (4 workers on 2 cores) the spinning ranks starve the background threads
         that do the work: a 4 KB all-reduce took 11-14 ms instead of torch
-        gloo's 4-5 ms (benchmarks/README.md, "Horovod at parity"). Sleeping
+        gloo's 4-5 ms (benchmarks/README.md, "Horovod against torch_gloo"). Sleeping
         100 us between polls adds at most that much latency.
         """
         while not self._hvd.poll(handle):

@@ -181,7 +181,10 @@ class TrainConfig:
     sync_every: int = 1
     """K for `sync: parameters`."""
     task: TaskKind = "classification"
-    """Loss: cross-entropy over `num_classes`, or mean squared error."""
+    """Loss: cross-entropy over `num_classes`, or mean squared error (unless `loss` names another)."""
+    loss: str | None = None
+    """A custom loss as an import path `package.module:fn`: fn(outputs, labels) returns the loss SUMMED
+    over the batch's rows (contract and driver-side probe: `blocksync.engine.losses`); None: the task's."""
     num_classes: int | None = None
     """Output width for classification; None: derived from the labels."""
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -305,6 +308,9 @@ class TrainConfig:
             raise ValueError(f"num_classes={self.num_classes} must be >= 2 (or null to derive it).")
         if self.threads_per_worker is not None:
             _positive("threads_per_worker", self.threads_per_worker)
+        if self.loss is not None and (not isinstance(self.loss, str) or ":" not in self.loss):
+            raise ValueError(f"loss={self.loss!r} is not an import path 'package.module:fn'; leave it unset for "
+                             "cross-entropy (classification) or MSE (regression).")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

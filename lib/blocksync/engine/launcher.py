@@ -43,6 +43,7 @@ from blocksync.engine.block_data import steps_per_epoch
 from blocksync.engine.blocks import WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.losses import check_loss
 from blocksync.engine.metrics import run_metrics
 from blocksync.engine.models import build_model, validate_spec
 from blocksync.engine.progress import RunMonitor
@@ -253,6 +254,7 @@ def train(
                      "(blocks=auto chose files: no shuffle)", len(files))
             return train_files(spark, files, config, features=features, label=label, progress=progress,
                                weight=weight)
+    refuse_weighted_custom_loss(config, weight is not None)
     check_slots(spark, config.num_workers)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
                                validation_col=validation, validation_fraction=config.validation_fraction,
@@ -279,6 +281,7 @@ def train_files(
     if config.validation_fraction or config.early_stopping_patience:
         raise ValueError("validation_fraction and early_stopping_patience need blocks cut by Spark: call "
                          "train(spark, df, config) (blocks=shuffle), or set them to 0.")
+    refuse_weighted_custom_loss(config, weight is not None)
     check_slots(spark, config.num_workers)
     shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers,
                                weight=weight)
@@ -312,6 +315,8 @@ def train_blocks(
     check_fault_mode(spark, config)
     num_outputs = resolve_outputs(config, blocks, info)
     validate_spec(config.model, info.num_features, num_outputs)
+    if config.loss:
+        check_loss(config.loss, config.task, num_outputs)
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
     storage = resolve_storage(config, info.sizes, info.num_features, per_epoch,
@@ -328,6 +333,7 @@ def train_blocks(
         storage=storage,
         weighted=(shards.weight is not None) if shards else WEIGHT in blocks.columns,
     )
+    refuse_weighted_custom_loss(config, plan.weighted)
     check_checkpoint(config, info.num_features, num_outputs)
     log.info(
         "training %s on %d rows in %d blocks (%s), backend=%s, %d steps",
@@ -339,6 +345,12 @@ def train_blocks(
     result = _assemble(config, plan, info, rows, wall_seconds)
     log.info("%s", startup.describe(result.metrics["startup_phases"]))
     return result
+
+
+def refuse_weighted_custom_loss(config: TrainConfig, weighted: bool) -> None:
+    if weighted and config.loss:
+        raise ValueError(f"loss={config.loss!r} with per-row weights: a custom loss sums its own rows, so it "
+                         "cannot weight them; unset the weight column, or weight the rows inside the loss.")
 
 
 def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int) -> None:

@@ -36,15 +36,3 @@ def build_schedule(
     optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LRScheduler:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
-
-
-def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str,
-             weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Summed (not averaged) loss, each row's times its weight when given, so workers' sums add up to
-    the global batch's."""
-    reduction = "sum" if weights is None else "none"
-    if task == "classification":
-        loss = nn.functional.cross_entropy(outputs, labels.long(), reduction=reduction)
-    else:
-        loss = nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype), reduction=reduction)
-    return loss if weights is None else (loss * weights.to(loss.dtype)).sum()

@@ -44,8 +44,9 @@ from blocksync.engine import checkpoint
 from blocksync.engine.block_data import batch_slices, epoch_permutation, split_targets
 from blocksync.engine.collectives import Collective, to_collective
 from blocksync.engine.compression import make_compressor
+from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
-from blocksync.engine.optim import build_optimizer, build_schedule, loss_sum
+from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class Trainer:
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
         set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
         self.model.train()
+        self.custom_loss = import_loss(cfg.loss) if cfg.loss else None  # probed on the driver (losses.check_loss)
         self.optimizer = build_optimizer(self.model, cfg)
         self.schedule = build_schedule(self.optimizer, plan.total_steps, cfg)
         params = list(self.model.parameters())
@@ -226,7 +228,7 @@ class Trainer:
         bf16 = self.cfg.mixed_precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = self.model(xb)
-            loss = loss_sum(out.float(), yb, self.cfg.task, wb)
+            loss = loss_sum(out.float(), yb, self.cfg.task, wb, self.custom_loss)
         loss.backward()
         self.epoch_stats[0] += count
         self.epoch_stats[1] += float(loss.detach())
@@ -305,7 +307,7 @@ class Trainer:
             for lo in range(0, x.shape[0], 4096):
                 out = self.model(x[lo:lo + 4096]).float()
                 stats[0] += out.shape[0]
-                stats[1] += float(loss_sum(out, y[lo:lo + 4096], self.cfg.task))
+                stats[1] += float(loss_sum(out, y[lo:lo + 4096], self.cfg.task, custom=self.custom_loss))
                 if self.cfg.task == "classification":
                     stats[2] += float((out.argmax(1) == y[lo:lo + 4096].long()).sum())
         self.model.train()

@@ -50,6 +50,8 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "sync": ("sync", _STR, "gradients (all-reduce every step) or parameters (average every syncEvery steps)"),
     "syncEvery": ("sync_every", _INT, "K local steps between parameter averages with sync=parameters"),
     "model": ("model", _dict_of(ModelSpec), "the network: {'name': 'mlp', 'hidden': [128, 64], ...}"),
+    "loss": ("loss", _optional(_STR), "a custom loss 'package.module:fn' returning the batch's summed loss; "
+             "None: cross-entropy or MSE"),
     "epochs": ("epochs", _INT, "passes over every block"),
     "batchSize": ("batch_size", _INT, "global batch size per step"),
     "optimizer": ("optimizer", _STR, "sgd, adam or adamw"),

@@ -42,8 +42,13 @@ def resolve_feature_columns(df: DataFrame, features: list[str] | str | None, lab
     return features
 
 
-def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
-    """Sorted distinct class values (index = position) for classification; None for regression."""
+def no_rows(source: str) -> ValueError:
+    return ValueError(f"data.source={source!r} has no rows; check the path, table or filter.")
+
+
+def label_mapping(df: DataFrame, label: str, task: str, source: str) -> list[Any] | None:
+    """Sorted distinct class values (index = position) for classification; None for regression.
+    Classification data without rows is refused here (its distinct labels are the first query)."""
     if label not in df.columns:
         raise ValueError(f"label column {label!r} not in the data (columns: {sorted(df.columns)}); set data.label.")
     dtype = df.schema[label].dataType
@@ -52,6 +57,8 @@ def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
             raise ValueError(f"label column {label!r} is {dtype.simpleString()}; regression needs numbers.")
         return None
     values = [r[0] for r in df.select(label).distinct().limit(MAX_CLASSES + 1).collect()]
+    if not values:
+        raise no_rows(source)
     if None in values:
         raise ValueError(f"label column {label!r} has nulls; drop or fill them before training.")
     if len(values) > MAX_CLASSES:
@@ -61,8 +68,9 @@ def label_mapping(df: DataFrame, label: str, task: str) -> list[Any] | None:
     return sorted(values)
 
 
-def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int]:
+def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int, int]:
     """Rows with a null, NaN or infinite feature: fail with their count, or drop them and report it.
+    Returns (the rows kept, how many were dropped, how many are kept).
 
     The same pass checks that every row has as many features as the others.
     """
@@ -73,7 +81,7 @@ def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int]:
     flagged = df.withColumn("_bad", bad)
     width = F.when(F.col(FEATURES).isNotNull(), F.size(FEATURES))
     facts = flagged.agg(F.sum(F.col("_bad").cast("long")).alias("bad"), F.min(width).alias("lo"),
-                        F.max(width).alias("hi")).collect()[0]
+                        F.max(width).alias("hi"), F.count(F.lit(1)).alias("rows")).collect()[0]
     count = int(facts["bad"] or 0)
     if facts["lo"] != facts["hi"]:
         raise ValueError(
@@ -85,19 +93,21 @@ def screen_invalid_rows(df: DataFrame, policy: str) -> tuple[DataFrame, int]:
             f"{count} rows have null, NaN or infinite features; clean them, or set data.invalid_rows=drop "
             "to drop them (the count is reported)."
         )
-    return (flagged.filter(~F.col("_bad")).drop("_bad"), count) if count else (df, 0)
+    kept = int(facts["rows"]) - count
+    return (flagged.filter(~F.col("_bad")).drop("_bad"), count, kept) if count else (df, 0, kept)
 
 
-def standardization(train: DataFrame) -> tuple[list[float], list[float]]:
-    """Per-feature mean and standard deviation of the train split (one Spark ML Summarizer pass)."""
+def standardization(train: DataFrame) -> tuple[list[float], list[float], int]:
+    """Per-feature mean and standard deviation of the train split, and its row count (one Spark ML
+    Summarizer pass)."""
     row = (
         train.select(array_to_vector(F.col(FEATURES)).alias("v"))
-        .select(Summarizer.metrics("mean", "std").summary(F.col("v")).alias("s"))
+        .select(Summarizer.metrics("mean", "std", "count").summary(F.col("v")).alias("s"))
         .collect()[0]["s"]
     )
     mean = [float(v) for v in row["mean"].toArray()]
     std = [float(v) if v > 0 else 1.0 for v in row["std"].toArray()]  # constant features stay as they are
-    return mean, std
+    return mean, std, int(row["count"])
 
 
 def standardized(features: Column, mean: list[float], std: list[float]) -> Column:
@@ -129,9 +139,7 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     """Write `run_dir/prepared/{train,test}.parquet` and `prepare.json`; return the metadata."""
     data, task = config.data, config.train.task
     raw = load_source(spark, data, task)
-    if raw.limit(1).count() == 0:
-        raise ValueError(f"data.source={data.source!r} has no rows; check the path, table or filter.")
-    labels = label_mapping(raw, data.label, task)
+    labels = label_mapping(raw, data.label, task, data.source)
     feature_cols = resolve_feature_columns(raw, data.features, data.label, data.weight)
     check_label_not_a_feature(feature_cols, data.label)
     weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
@@ -140,20 +148,24 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     else:
         label = (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(data.label)) - 1).cast("double")
     assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL), *weights)
-    assembled, dropped = screen_invalid_rows(assembled, data.invalid_rows)
+    assembled, dropped, kept = screen_invalid_rows(assembled, data.invalid_rows)
+    if not kept:
+        raise no_rows(data.source) if not dropped else ValueError(
+            f"all {dropped} rows of data.source={data.source!r} have null, NaN or infinite features and "
+            "data.invalid_rows=drop dropped them: nothing is left to train on; clean the data.")
     train, test = assembled.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
     mean: list[float] | None = None
     std: list[float] | None = None
     if data.standardize:
-        mean, std = standardization(train)
+        # The split is seeded and deterministic, so the rows summarized are the rows written.
+        mean, std, train_rows = standardization(train)
         train, test = apply_standardization(train, mean, std), apply_standardization(test, mean, std)
     out = run_dir / "prepared"
     train.write.mode("overwrite").parquet(str(out / "train.parquet"))
     test.write.mode("overwrite").parquet(str(out / "test.parquet"))
-    counts = {
-        "train": spark.read.parquet(str(out / "train.parquet")).count(),
-        "test": spark.read.parquet(str(out / "test.parquet")).count(),
-    }
+    if not data.standardize:
+        train_rows = spark.read.parquet(str(out / "train.parquet")).count()
+    counts = {"train": train_rows, "test": kept - train_rows}
     meta = {
         "source": data.source,
         "task": task,

@@ -15,6 +15,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -100,16 +101,24 @@ def jvm_output_to(path: Path) -> Iterator[None]:
             os.close(fd)
 
 
+def _pass_through(batches: Iterator[Any]) -> Iterator[Any]:
+    yield from batches
+
+
 def warm_python_daemon(spark: SparkSession) -> threading.Thread:
     """Run one tiny Python task in the background, so that an executor's Python daemon starts
     (importing torch, with `blocksync.daemon`) while the driver works on other stages.
+
+    It is a DataFrame Arrow task, like the barrier stage's: Spark keeps one daemon per kind of
+    Python runner, and an RDD task would start the RDD runners' daemon, not the one the
+    training stage forks its workers from (measured: different parent processes).
 
     Best effort and only a head start: a failure here is logged at debug level,
     and the stage that needs Python workers next meets and reports any real problem.
     """
     def start() -> None:
         try:
-            spark.sparkContext.parallelize([0], 1).map(lambda x: x).collect()
+            spark.range(1, numPartitions=1).mapInArrow(_pass_through, "id long").collect()
         except Exception as err:  # noqa: BLE001 (see the docstring)
             log.debug("warming the Python daemon failed: %s", err)
 

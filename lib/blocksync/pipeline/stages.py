@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from blocksync.engine.launcher import TrainResult, train, train_files
+from blocksync.engine.losses import import_loss
 from blocksync.engine.models import check_importable
 from blocksync.pipeline.artifacts import load_model, model_meta, move_into_place, save_model, write_json_atomic
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics
@@ -74,6 +75,8 @@ def check_settings(config: RunConfig, *, overwrite: bool) -> None:
     check_output_dir(Path(config.output_dir), overwrite=overwrite)
     check_checkpoint_dir(config.train.checkpoint.dir)
     check_importable(config.train.model)
+    if config.train.loss:
+        import_loss(config.train.loss)
 
 
 def check_output_dir(target: Path, *, overwrite: bool) -> None:
