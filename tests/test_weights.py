@@ -45,6 +45,18 @@ def test_weighted_training_equals_the_single_process_weighted_mean(spark, backen
     assert len({s["digest"] for s in result.rank_summaries}) == 1
 
 
+def test_weighted_blocks_on_disk_train_bitwise_like_in_memory(spark):
+    """block_storage=disk keeps (label, weight) pairs in its targets file and reads the weights back for
+    the per-step sums: the run must be bitwise the memory run."""
+    df = spark.createDataFrame(weighted_frame(100, seed=12))
+    blocks, info = make_blocks(df, features="features", label="label", num_workers=3, seed=3, weight="w")
+    runs = {storage: train_blocks(spark, blocks, info, config("torch_gloo", block_storage=storage, memory_budget_mb=1))
+            for storage in ("memory", "disk")}
+    assert runs["disk"].metrics["block_storage"] == "disk" and runs["memory"].metrics["block_storage"] == "memory"
+    assert max_param_diff(runs["memory"].model, runs["disk"].model) == 0.0
+    assert runs["memory"].history == runs["disk"].history
+
+
 def test_weighted_local_sgd_and_regression_match_the_reference(spark):
     pdf = weighted_frame(120, seed=6)
     pdf["target"] = pdf["features"].map(lambda f: float(np.sum(f[:3])))

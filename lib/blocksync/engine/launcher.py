@@ -45,7 +45,7 @@ from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveEr
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.losses import check_loss
 from blocksync.engine.metrics import run_metrics
-from blocksync.engine.models import build_model, validate_spec
+from blocksync.engine.models import build_model, module_from_bytes, validate_spec
 from blocksync.engine.progress import RunMonitor
 from blocksync.engine.scan import parquet_scan_files
 from blocksync.engine.shards import ShardPlan, plan_shards
@@ -410,8 +410,6 @@ def _launch_with_restarts(spark: SparkSession, blocks: DataFrame, plan: WorkerPl
 
 
 def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list[Any], wall: float) -> TrainResult:
-    from safetensors.torch import load
-
     chunks = sorted((r["seq"], r["payload"]) for r in rows if r["kind"] == "model")
     summaries = sorted((json.loads(r["payload"]) for r in rows if r["kind"] == "summary"), key=lambda s: s["rank"])
     if not chunks or len(summaries) != config.num_workers:
@@ -419,10 +417,8 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
             f"the barrier stage returned {len(chunks)} model chunks and {len(summaries)} of "
             f"{config.num_workers} rank summaries"
         )
-    state = load(b"".join(bytes(p) for _, p in chunks))
-    model = build_model(config.model, plan.num_features, plan.num_outputs)
-    model.load_state_dict(state)
-    model.eval()
+    model = module_from_bytes(config.model, plan.num_features, plan.num_outputs,
+                              b"".join(bytes(p) for _, p in chunks))
     return TrainResult(
         model=model,
         config=config,

@@ -134,3 +134,19 @@ def validate_spec(spec: ModelSpec, num_features: int, num_outputs: int) -> None:
             f"(2, {num_outputs}) ({num_outputs} = classes, or 1 for regression); make its last layer "
             f"{num_outputs} wide (the factory receives num_outputs={num_outputs})."
         )
+
+
+def state_bytes(model: nn.Module) -> bytes:
+    """The model's weights as safetensors bytes (CPU, contiguous): how weights travel and are stored."""
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+
+
+def module_from_bytes(spec: ModelSpec, num_features: int, num_outputs: int, weights: bytes) -> nn.Module:
+    """The network `spec` names with `weights` (safetensors bytes, see `state_bytes`) loaded, in eval mode."""
+    from safetensors.torch import load
+
+    module = build_model(spec, num_features, num_outputs)
+    module.load_state_dict(load(weights))
+    return module.eval()

@@ -67,6 +67,7 @@ from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, bl
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.last_words import StderrRelay
+from blocksync.engine.models import state_bytes
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.shards import ShardPlan, iter_pieces
 from blocksync.engine.startup import StartupClock
@@ -133,10 +134,7 @@ def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.devic
 
 
 def _state_chunks(model: torch.nn.Module) -> Iterator[bytes]:
-    from safetensors.torch import save
-
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    blob = save(state)
+    blob = state_bytes(model)
     for start in range(0, len(blob), CHUNK_BYTES):
         yield blob[start : start + CHUNK_BYTES]
 

@@ -36,6 +36,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 
 from blocksync.engine.launcher import task_slots, train
+from blocksync.engine.models import state_bytes
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
 from blocksync.ml.params import TrainParams, _optional
 
@@ -97,9 +98,7 @@ class _BlockSyncEstimator(Estimator, TrainParams, DefaultParamsReadable, Default
             result = train(spark, dataset, config, features=self.features_spec(), label=self.getLabelCol(),
                            progress=self.getOrDefault("progress"), validation=self.validation_column(),
                            weight=self.weight_column())
-        from safetensors.torch import save
-
-        weights = save({k: v.detach().cpu().contiguous() for k, v in result.model.state_dict().items()})
+        weights = state_bytes(result.model)
         meta = {"model": asdict(config.model), "num_features": result.num_features,
                 "num_outputs": result.num_outputs, "task": self.task, "history": result.history,
                 "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, int | float | str)}}

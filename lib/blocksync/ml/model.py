@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 
 from blocksync.engine.blocks import features_column
 from blocksync.engine.config import ModelSpec
-from blocksync.engine.models import build_model
+from blocksync.engine.models import module_from_bytes
 from blocksync.ml.params import TrainParams
 from blocksync.ml.persistence import ModelReader, ModelWriter
 
@@ -41,11 +41,7 @@ SCORED = "__blocksync_scored"
 
 def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
     """The network `meta` describes, with `weights` (safetensors bytes) loaded, in eval mode."""
-    from safetensors.torch import load
-
-    module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
-    module.load_state_dict(load(weights))
-    return module.eval()
+    return module_from_bytes(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]), weights)
 
 
 def _make_predict(meta: dict[str, Any], weights: bytes,

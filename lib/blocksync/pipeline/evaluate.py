@@ -20,31 +20,23 @@ from pyspark.sql import functions as F
 from blocksync.engine.blocks import FEATURES, LABEL
 from blocksync.engine.config import ModelSpec
 from blocksync.engine.launcher import is_connect
+from blocksync.engine.models import state_bytes
 from blocksync.pipeline.artifacts import SavedModel
-
-
-def _weights_bytes(saved: SavedModel) -> bytes:
-    from safetensors.torch import save
-
-    return save({k: v.detach().cpu().contiguous() for k, v in saved.module.state_dict().items()})
 
 
 def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
     """`df` (features, label) plus `prediction` and, for classification, `probability` (array<double>)."""
     meta = saved.meta
-    blob = _weights_bytes(saved)
+    blob = state_bytes(saved.module)
     holder: Any = None if is_connect(spark) else spark.sparkContext.broadcast(blob)
     classification = saved.task == "classification"
 
     def scorer(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from safetensors.torch import load
-
-        from blocksync.engine.models import build_model
+        from blocksync.engine.models import module_from_bytes
         from blocksync.pipeline.artifacts import SavedModel
 
-        module = build_model(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]))
-        module.load_state_dict(load(holder.value if holder is not None else blob))
-        module.eval()
+        module = module_from_bytes(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]),
+                                   holder.value if holder is not None else blob)
         model = SavedModel(module=module, meta=meta)
         for frame in frames:
             if frame.empty:
