@@ -27,6 +27,7 @@ import mmap
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import IO
 
 import numpy as np
@@ -47,17 +48,62 @@ def min_budget_bytes(local_batch_rows: int, num_features: int) -> int:
     return local_batch_rows * row_bytes(num_features) + 4 * PAGE + row_bytes(num_features)
 
 
-def block_too_large(rows: int, num_features: int) -> MemoryError:
-    """What a worker says when its block does not fit: the block's size and the limit it hit."""
+def block_too_large(rows: int, num_features: int, limit: str | None = None) -> MemoryError:
+    """What a worker says when its block does not fit: the block's size and the limit it hit (`limit`, or
+    else this process's address-space limit)."""
     import resource
 
-    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-    where = (f"this Python worker's address-space limit of {limit / 2**20:,.0f} MiB (spark.executor.pyspark.memory "
-             "per core)" if limit != resource.RLIM_INFINITY else "the memory left to this Python worker")
+    if limit is None:
+        cap, _ = resource.getrlimit(resource.RLIMIT_AS)
+        limit = (f"this Python worker's address-space limit of {cap / 2**20:,.0f} MiB (spark.executor.pyspark.memory "
+                 "per core)" if cap != resource.RLIM_INFINITY else "the memory left to this Python worker")
     return MemoryError(
         f"block_storage=memory: this block of {rows * row_bytes(num_features) / 2**20:,.0f} MiB ({rows} rows) "
-        f"does not fit in {where}; set train.block_storage=disk, or raise num_workers."
+        f"does not fit in {limit}; set train.block_storage=disk, or raise num_workers."
     )
+
+
+def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[int, int] | None:
+    """(limit, bytes in use that the kernel cannot reclaim) of this process's memory cgroup (v1 or v2),
+    or None without a limit. YARN and Kubernetes enforce a container's memory this way: past the limit
+    the kernel kills the process, with no Python error, so a worker checks before it fills its block."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    files: tuple[str, str, tuple[str, ...]]
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1
+            files = (f"{root}/memory{path}", "memory.limit_in_bytes", ("total_rss", "rss"))
+            break
+        if controllers == "" and os.path.exists(f"{root}{path}/memory.max"):  # v2
+            files = (f"{root}{path}", "memory.max", ("anon",))
+            break
+    else:
+        return None
+    folder, limit_file, anon_keys = files
+    try:
+        limit_text = Path(folder, limit_file).read_text().strip()
+        stat = dict(ln.split() for ln in Path(folder, "memory.stat").read_text().splitlines() if ln.count(" ") == 1)
+    except OSError:
+        return None
+    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 2**60:  # v1: "no limit" is huge
+        return None
+    in_use = next((int(stat[k]) for k in anon_keys if stat.get(k, "").isdigit()), 0)
+    return int(limit_text), in_use
+
+
+def check_block_fits(rows: int, num_features: int) -> None:
+    """A MemoryError naming the block and the cgroup limit when the block cannot fit beside what this
+    process's cgroup already holds (page cache aside: the kernel reclaims it)."""
+    memory = cgroup_memory()
+    if memory is not None and rows * row_bytes(num_features) > memory[0] - memory[1]:
+        limit, in_use = memory
+        raise block_too_large(rows, num_features, f"this worker's cgroup memory limit of {limit / 2**20:,.0f} MiB "
+                                                  f"({in_use / 2**20:,.0f} MiB of it already in use)")
 
 
 def spark_local_dir() -> str:

@@ -63,7 +63,7 @@ import pyarrow as pa
 import torch
 
 from blocksync.engine.block_data import batch_arrays, split_targets
-from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, block_too_large
+from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, block_too_large, check_block_fits
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.last_words import StderrRelay
@@ -245,6 +245,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
                 writer.close()
                 raise
             return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
+        check_block_fits(expected, plan.num_features)  # a cgroup kills without a MemoryError: check first
         try:
             return MemoryBlock(*_fill(pieces, expected, plan.num_features, plan.weighted), device), ""
         except MemoryError as err:
