@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring", "accuracy",
-              "demo", "netcluster", "scaling")
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
+              "accuracy", "demo", "netcluster", "scaling")
 NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring", "accuracy")
 REPO = Path(__file__).resolve().parent.parent
 

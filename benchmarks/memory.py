@@ -5,9 +5,9 @@ on synthetic blocks of 1x, 4x and 16x BASE_MB each, in both modes, alternating, 
 reports its peak RSS (VmHWM from /proc, reset at task start), as the OS counts it; the same runs give
 both modes' steady-state samples/s (median step) on data that fits.
 
-Not measured here: a block several times larger than an enforced Python-worker limit. Spark's
-spark.executor.pyspark.memory limits a worker's address space (RLIMIT_AS), and torch, pyarrow's allocator
-and Gloo's threads reserve more address space than they use. See the README ("Data larger than memory").
+A block several times larger than an enforced limit is `memory_limit`'s job (a cgroup's limit: Spark's
+spark.executor.pyspark.memory limits a worker's address space, which torch, pyarrow's allocator and Gloo's
+threads exceed by reserving more than they use; see the README, "Data larger than memory").
 """
 
 from __future__ import annotations
@@ -29,19 +29,20 @@ REPO = Path(__file__).resolve().parent.parent
 ROW_BYTES = 4 * FEATURES + 8
 
 
-def synthetic_files(directory: Path, block_mb: float, workers: int = WORKERS, seed: int = 0) -> str:
-    """Parquet files holding `workers` blocks of about `block_mb` each, written 64k rows at a time."""
+def synthetic_files(directory: Path, block_mb: float, workers: int = WORKERS, seed: int = 0,
+                    group_rows: int = 65536) -> str:
+    """Parquet files holding `workers` blocks of about `block_mb` each, written `group_rows` rows at a time."""
     rows = int(block_mb * 2**20 / ROW_BYTES) * workers
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(FEATURES, 4)).astype(np.float32)
     schema = pa.schema([("features", pa.list_(pa.float32(), FEATURES)), ("label", pa.int64())])
     path = directory / f"data-{block_mb:g}.parquet"
     with pq.ParquetWriter(path, schema) as out:
-        for lo in range(0, rows, 65536):
-            x = rng.normal(size=(min(65536, rows - lo), FEATURES)).astype(np.float32)
+        for lo in range(0, rows, group_rows):
+            x = rng.normal(size=(min(group_rows, rows - lo), FEATURES)).astype(np.float32)
             y = (x @ w).argmax(1)
             feats = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES)
-            out.write_table(pa.table({"features": feats, "label": y}, schema=schema), row_group_size=65536)
+            out.write_table(pa.table({"features": feats, "label": y}, schema=schema), row_group_size=group_rows)
     return str(path)
 
 

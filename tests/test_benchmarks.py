@@ -18,7 +18,7 @@ def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "unknown benchmark(s) nope; available: allreduce, throughput, horovod_profile, compression, peers, memory, "
-        "scoring, accuracy, demo, netcluster, scaling")
+        "memory_limit, scoring, accuracy, demo, netcluster, scaling")
 
 
 def test_scaling_model_is_the_ring_floor_plus_latency():

@@ -18,7 +18,12 @@ in file order through read-only mappings of at most `train.memory_budget_mb`,
 one at a time, each unmapped at once: resident memory (and address space, which
 Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
 model, optimizer state and the batch, whatever the block's size; the data stays
-in the page cache between steps. Only the current batch goes to a GPU.
+in the page cache between steps, as far as the worker's memory allows: the windows are read with
+MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
+readahead window of pages no step uses. Only the current batch goes to a GPU.
+
+In `memory` mode a worker first checks its block against its cgroup's memory limit (`check_block_fits`):
+a container's limit kills a process without a Python error, so the worker refuses beforehand, naming both.
 """
 
 from __future__ import annotations
@@ -212,6 +217,9 @@ class DiskBlock:
             lo, hi = first * width, (last + 1) * width
             start = lo - lo % mmap.ALLOCATIONGRANULARITY
             with mmap.mmap(f.fileno(), hi - start, access=mmap.ACCESS_READ, offset=start) as window:
+                # A step's rows are scattered: without this, each page fault of a block the page cache cannot
+                # hold (a container's memory limit) reads ahead a whole readahead window it will not use.
+                window.madvise(mmap.MADV_RANDOM)
                 view = np.frombuffer(window, dtype=out.dtype, count=(hi - lo) // out.itemsize, offset=lo - start)
                 out[order[part]] = view.reshape(-1, *out.shape[1:])[ordered[part] - first]
                 del view  # the window cannot close while an array still points into it

@@ -1,0 +1,104 @@
+"""A block 4x larger than the Python workers' enforced memory limit: `disk` completes, `memory` is refused.
+
+The limit is a cgroup's (memory.limit_in_bytes, cgroup v1), as YARN and Kubernetes enforce a
+container's memory: the kernel counts every page of the cgroup's processes, page cache included, and
+kills a process whose cgroup cannot reclaim enough. Spark's own spark.executor.pyspark.memory is an
+address-space limit (RLIMIT_AS), which torch, pyarrow's allocator and Gloo's threads exceed by
+reserving address space they never use, so it is not the limit measured here.
+
+The benchmark makes a child cgroup of its own with LIMIT_MB, writes Parquet with one block of 4 x
+LIMIT_MB, and runs `memory_limit_job.py` (local[2], one worker) twice: block_storage=memory, then
+disk. Spark's Python daemon joins the cgroup before it imports anything (`cgroup_daemon.py`), so
+every Python worker, forked from it, is under the limit. Recorded: each run's outcome (the error a
+user reads, or steps, samples/s and the rank's peak RSS), the cgroup's peak usage (page cache
+included) and how often it hit the limit. Needs root and a cgroup v1 memory controller; elsewhere
+it says why and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import write
+from benchmarks.memory import ROW_BYTES, synthetic_files
+
+LIMIT_MB = 512
+FACTOR = 4
+REPO = Path(__file__).resolve().parent.parent
+
+
+def own_memory_cgroup() -> Path | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = Path(f"/sys/fs/cgroup/memory{path}")
+            return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
+    return None
+
+
+def run_job(cgroup: Path, data: str, storage: str, tmp: Path) -> dict:
+    (cgroup / "memory.max_usage_in_bytes").write_text("0")  # reset the peak
+    failcnt_before = int((cgroup / "memory.failcnt").read_text())
+    out = tmp / f"{storage}.json"
+    env = {**os.environ, "BLOCKSYNC_BENCH_CGROUP": str(cgroup), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory_limit_job.py"), data, str(out), storage],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"the {storage} job failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    report = json.loads(out.read_text())
+    report["cgroup_peak_mb"] = int((cgroup / "memory.max_usage_in_bytes").read_text()) / 2**20
+    report["cgroup_limit_hits"] = int((cgroup / "memory.failcnt").read_text()) - failcnt_before
+    return report
+
+
+def stop_leftovers(cgroup: Path) -> None:
+    """Spark's daemon, started by our job, exits with its JVM; any process still in our cgroup is ours."""
+    for _ in range(50):
+        pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+        if not pids:
+            return
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def run(spark) -> dict | None:
+    parent = own_memory_cgroup()
+    if parent is None:
+        print("memory_limit: skipped: needs root and a writable cgroup v1 memory controller", flush=True)
+        return None
+    cgroup = parent / f"blocksync-bench-{os.getpid()}"
+    cgroup.mkdir()
+    runs = []
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
+        with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
+            data = synthetic_files(Path(tmp), FACTOR * LIMIT_MB, workers=1, group_rows=16384)
+            for storage in ("memory", "disk"):
+                runs.append(run_job(cgroup, data, storage, Path(tmp)))
+                print(f"memory_limit {storage}: {runs[-1]}", flush=True)
+    finally:
+        stop_leftovers(cgroup)
+        cgroup.rmdir()
+    block_mb = int(FACTOR * LIMIT_MB * 2**20 / ROW_BYTES) * ROW_BYTES / 2**20
+    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "runs": runs}
+    lines = [f"# A {block_mb:,.0f} MiB block under a {LIMIT_MB} MiB cgroup memory limit (one worker, "
+             "logistic regression, one epoch)", "",
+             "| block_storage | outcome | seconds | peak RSS of the rank | cgroup peak (page cache included) | "
+             "limit hits |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        outcome = (f"completed: {r['steps']} steps, {r['samples_per_sec']:,.0f} samples/s" if r["ok"]
+                   else f"refused ({r['kind']}): {r['error']}")
+        rss = f"{max(r['peak_rss_mb']):,.0f} MiB" if r["ok"] else "-"
+        lines.append(f"| {r['storage']} | {outcome} | {r['seconds']:.0f} | {rss} | {r['cgroup_peak_mb']:,.0f} MiB | "
+                     f"{r['cgroup_limit_hits']} |")
+    write("memory_limit", payload, "\n".join(lines) + "\n")
+    return payload
