@@ -26,21 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import own_memory_cgroup
+
 from benchmarks.common import write
 from benchmarks.memory import ROW_BYTES, synthetic_files
 
 LIMIT_MB = 512
 FACTOR = 4
 REPO = Path(__file__).resolve().parent.parent
-
-
-def own_memory_cgroup() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            folder = Path(f"/sys/fs/cgroup/memory{path}")
-            return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
-    return None
 
 
 def run_job(cgroup: Path, data: str, storage: str, tmp: Path) -> dict:

@@ -5,7 +5,9 @@ blocks of a blocked DataFrame as NumPy arrays."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -81,3 +83,13 @@ def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray
         else:
             out.append((x, y))
     return out
+
+
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory folder, when we may add child cgroups to it (root); else None."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = Path(f"/sys/fs/cgroup/memory{path}")
+            return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
+    return None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from blocksync.engine.block_store import cgroup_memory
+from tests.helpers import own_memory_cgroup
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,16 +40,6 @@ def test_the_limit_and_the_memory_the_kernel_cannot_reclaim_are_read(tmp_path, v
 def test_no_limit_is_none(tmp_path, version, unlimited):
     proc, root = fake_hierarchy(tmp_path, version, unlimited, "rss 1\nanon 1\n")
     assert cgroup_memory(proc, root) is None
-
-
-def own_memory_cgroup() -> Path | None:
-    """This process's v1 memory cgroup folder, when this machine has one we may add children to."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            folder = Path(f"/sys/fs/cgroup/memory{path}")
-            return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
-    return None
 
 
 CHECK = """
