@@ -169,6 +169,14 @@ def test_invalid_rows_can_be_dropped_and_counted(spark, tmp_path):
     meta = prepare_stage(spark, config, tmp_path / "run")
     assert meta["dropped_invalid_rows"] == 3
     assert meta["rows"]["train"] + meta["rows"]["test"] == 37
+    # Every row invalid: dropping them all leaves nothing, which is said rather than trained on.
+    pdf["a"] = np.nan
+    pdf.to_parquet(tmp_path / "all-dirty.parquet")
+    config = load_config(None, [f"data.source={tmp_path / 'all-dirty.parquet'}", "data.invalid_rows=drop"])
+    with pytest.raises(ValueError, match=r"all 40 rows of data.source=.* have null, NaN or infinite features and "
+                                         r"data.invalid_rows=drop dropped them: nothing is left to train on"):
+        prepare_stage(spark, config, tmp_path / "run-all-dirty")
+    assert not (tmp_path / "run-all-dirty" / "prepared").exists()  # nothing half-written
 
 
 def test_missing_horovod_is_named_before_launch(spark, monkeypatch):

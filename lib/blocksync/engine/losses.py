@@ -32,6 +32,7 @@ def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str, weights: to
     the global batch's. `custom`: a user's loss (see the module docstring), given the labels as the
     built-in loss reads them."""
     if custom is not None:
+        assert weights is None, "a custom loss with row weights is refused before launch"
         return custom(outputs, labels.long() if task == "classification" else labels.to(outputs.dtype))
     reduction = "sum" if weights is None else "none"
     if task == "classification":
