@@ -107,6 +107,8 @@ def test_bad_weights_are_refused_with_the_column_named(spark, tmp_path):
     with pytest.raises(TrainingError, match=expected) as err:
         train_files(spark, str(tmp_path / "bad.parquet"), config("torch_gloo"), weight="w")
     assert err.value.kind == "input"
+    with pytest.raises(ValueError, match=r"weight column 'nope' is not a numeric column of the Parquet files"):
+        train_files(spark, str(tmp_path / "bad.parquet"), config("torch_gloo"), weight="nope")
 
 
 def test_the_estimators_weight_col_is_train_with_weights(spark):
