@@ -93,3 +93,26 @@ def own_memory_cgroup() -> Path | None:
             folder = Path(f"/sys/fs/cgroup/memory{path}")
             return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
     return None
+
+
+def collect_typed_blocks(blocks: DataFrame, num_workers: int, layout: list[tuple[str, str, int]]) -> list[tuple]:
+    """Like `collect_blocks`, for typed inputs: per rank ({input name: values}, labels[, weights]), decoded
+    from the blocks' columns by the documented layout: the numeric inputs side by side in `features`
+    (float32), the token and categorical inputs side by side in `ids` (int64), each in `layout` order
+    [(name, kind, width)]; a categorical input is one id a row, [n]."""
+    rows = blocks.withColumn("_pid", F.spark_partition_id()).collect()
+    out: list[tuple] = []
+    for rank in range(num_workers):
+        mine = [r for r in rows if r["_pid"] == rank]
+        floats = np.array([r["features"] for r in mine], dtype=np.float32).reshape(len(mine), -1)
+        ids = np.array([r["ids"] for r in mine], dtype=np.int64).reshape(len(mine), -1)
+        parts, at = {}, {"numeric": 0, "ids": 0}
+        for name, kind, width in layout:
+            matrix, key = (floats, "numeric") if kind == "numeric" else (ids, "ids")
+            value = matrix[:, at[key]:at[key] + width]
+            parts[name] = value[:, 0] if kind == "categorical" else value
+            at[key] += width
+        y = np.array([r["label"] for r in mine], dtype=np.float64)
+        weights = (np.array([r["weight"] for r in mine], dtype=np.float64),) if "weight" in blocks.columns else ()
+        out.append((parts, y, *weights))
+    return out

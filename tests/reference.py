@@ -69,6 +69,18 @@ this order, each with torch's default initialization:
 Dropout masks: each rank draws from its own copy of torch's global generator as
 it stands right after the model is built, one forward pass per non-empty slice.
 
+Typed inputs: a block's features may be a dict {input name: array} (numeric float32 [n, w],
+categorical int64 [n], tokens int64 [n, L]), with `cfg_inputs` given to `reference_train` as
+[(name, kind, width, cardinality, pad)] in input order. Models over them, in creation order:
+  embedding_mlp: for each categorical input in order, Embedding(cardinality, e) with
+    e = options.embedding_dim or min(50, (cardinality + 1) // 2); then the mlp above over the
+    numeric inputs and the embeddings concatenated in input order.
+  transformer (one tokens input of length L, vocabulary V): Embedding(V, d_model), Embedding(L,
+    d_model) for positions, TransformerEncoder(TransformerEncoderLayer(d_model, heads, ff, dropout,
+    batch_first=True), layers), Linear(d_model, outputs). Forward: token + position embeddings,
+    the encoder with the padding positions masked (when `pad` is set), the mean over non-padding
+    positions, the head. Options default to d_model 32, heads 4, layers 2, dim_feedforward 64.
+
 Not covered, and refused: other models (cnn, import paths), gradient compression,
 bf16 mixed precision.
 """
@@ -111,7 +123,48 @@ def epoch_batches(blocks: list[Block], seed: int, epoch: int, steps: int) -> lis
 
 # --- model, loss, optimizer, schedule -------------------------------------------
 
-def reference_model(spec: Any, num_features: int, num_outputs: int) -> nn.Module:
+class _Embedded(nn.Module):
+    def __init__(self, spec: Any, inputs: list[tuple], num_outputs: int) -> None:
+        super().__init__()
+        self.inputs = inputs
+        dim = spec.options.get("embedding_dim")
+        self.tables = nn.ModuleList([nn.Embedding(card, dim or min(50, (card + 1) // 2))
+                                     for _, kind, _, card, _ in inputs if kind == "categorical"])
+        width = sum(w for _, kind, w, _, _ in inputs if kind == "numeric") + sum(t.embedding_dim for t in self.tables)
+        self.net = reference_model(type(spec)(name="mlp", hidden=spec.hidden, dropout=spec.dropout), width,
+                                   num_outputs)
+
+    def forward(self, x: dict) -> torch.Tensor:
+        tables = iter(self.tables)
+        return self.net(torch.cat([next(tables)(x[name]) if kind == "categorical" else x[name]
+                                   for name, kind, _, _, _ in self.inputs], dim=1))
+
+
+class _Encoder(nn.Module):
+    def __init__(self, spec: Any, inputs: list[tuple], num_outputs: int) -> None:
+        super().__init__()
+        ((self.name, _, length, vocab, self.pad),) = inputs
+        o = {"d_model": 32, "heads": 4, "layers": 2, "dim_feedforward": 64, **spec.options}
+        self.tok, self.pos = nn.Embedding(vocab, o["d_model"]), nn.Embedding(length, o["d_model"])
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(
+            o["d_model"], o["heads"], o["dim_feedforward"], spec.dropout, batch_first=True), o["layers"],
+            enable_nested_tensor=False)
+        self.out = nn.Linear(o["d_model"], num_outputs)
+
+    def forward(self, x: dict) -> torch.Tensor:
+        ids = x[self.name]
+        h = self.tok(ids) + self.pos.weight[: ids.shape[1]]
+        mask = None if self.pad is None else ids == self.pad
+        h = self.enc(h, src_key_padding_mask=mask)
+        keep = torch.ones_like(ids, dtype=h.dtype) if mask is None else (~mask).to(h.dtype)
+        return self.out((h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0))
+
+
+def reference_model(spec: Any, num_features: int, num_outputs: int, inputs: list[tuple] | None = None) -> nn.Module:
+    if spec.name == "embedding_mlp":
+        return _Embedded(spec, inputs or [], num_outputs)
+    if spec.name == "transformer":
+        return _Encoder(spec, inputs or [], num_outputs)
     if spec.name == "logreg":
         return nn.Linear(num_features, num_outputs)
     if spec.name == "mlp":
@@ -125,7 +178,7 @@ def reference_model(spec: Any, num_features: int, num_outputs: int) -> nn.Module
             width = int(h)
         layers.append(nn.Linear(width, num_outputs))
         return nn.Sequential(*layers)
-    raise ValueError(f"the reference builds logreg and mlp only, not {spec.name!r}")
+    raise ValueError(f"the reference builds logreg, mlp, embedding_mlp and transformer only, not {spec.name!r}")
 
 
 def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, loss: str | None = None) -> torch.Tensor:
@@ -172,14 +225,26 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 # --- training -------------------------------------------------------------------
 
+class _Rows:
+    """A dict of per-input tensors that row-indexes like one tensor (shape[1]: unused by typed models)."""
+
+    def __init__(self, parts: dict) -> None:
+        self.parts = parts
+        self.shape = (len(next(iter(parts.values()))), 0)
+
+    def __getitem__(self, idx: torch.Tensor) -> _Rows:
+        return _Rows({k: v[idx] for k, v in self.parts.items()})
+
+
 class _Run:
     """What both sync modes share: the tensors, the step count and each rank's generator state."""
 
-    def __init__(self, blocks: list[Block], cfg: Any, num_outputs: int) -> None:
+    def __init__(self, blocks: list[Block], cfg: Any, num_outputs: int, inputs: list[tuple] | None) -> None:
         if cfg.compression != "none" or cfg.mixed_precision != "none":
             raise ValueError("the reference covers compression=none and mixed_precision=none only")
         self.cfg = cfg
-        self.x = [torch.from_numpy(np.ascontiguousarray(b[0], dtype=np.float32)) for b in blocks]
+        self.x = [_Rows({k: torch.from_numpy(np.asarray(v)) for k, v in b[0].items()}) if isinstance(b[0], dict)
+                  else torch.from_numpy(np.ascontiguousarray(b[0], dtype=np.float32)) for b in blocks]
         self.y = [torch.from_numpy(np.asarray(b[1])) for b in blocks]
         # No weights: every row weighs 1, and sums of weights are row counts.
         self.w = [torch.from_numpy(np.asarray(b[2], dtype=np.float64)) if len(b) > 2 else None for b in blocks]
@@ -187,7 +252,7 @@ class _Run:
         self.steps = steps_in_epoch(sum(len(b[1]) for b in blocks), cfg.batch_size)
         self.total_steps = self.steps * cfg.epochs
         torch.manual_seed(cfg.seed)
-        self.model = reference_model(cfg.model, self.x[0].shape[1], num_outputs)
+        self.model = reference_model(cfg.model, self.x[0].shape[1], num_outputs, inputs)
         self.model.train()
         self.streams = [torch.get_rng_state() for _ in blocks]
 
@@ -203,7 +268,8 @@ class _Run:
         """Summed (weighted) loss of `rank`'s rows, drawing any dropout mask from that rank's own generator."""
         idx = torch.from_numpy(rows)
         torch.set_rng_state(self.streams[rank])
-        out = model(self.x[rank][idx])
+        x = self.x[rank][idx]
+        out = model(x.parts if isinstance(x, _Rows) else x)
         self.streams[rank] = torch.get_rng_state()
         if self.w[rank] is None:
             return summed_loss(out, self.y[rank][idx], self.cfg.task, self.cfg.loss)
@@ -216,10 +282,10 @@ class _Run:
         return float(len(rows)) if self.w[rank] is None else float(self.w[rank][torch.from_numpy(rows)].sum())
 
 
-def reference_train(blocks: list[Block], cfg: Any, num_outputs: int) -> nn.Module:
+def reference_train(blocks: list[Block], cfg: Any, num_outputs: int, inputs: list[tuple] | None = None) -> nn.Module:
     """The model the engine should end with, for `cfg.sync` "gradients" or "parameters"."""
     with torch.random.fork_rng(devices=[]):  # leaves the caller's generator as it was
-        run = _Run(blocks, cfg, num_outputs)
+        run = _Run(blocks, cfg, num_outputs, inputs)
         if cfg.sync == "gradients":
             return _gradient_sync(run)
         if cfg.sync == "parameters":

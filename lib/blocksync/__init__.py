@@ -8,6 +8,7 @@
 from blocksync.engine.blocks import BlockInfo, make_blocks
 from blocksync.engine.collectives import CollectiveError
 from blocksync.engine.config import ModelSpec, TrainConfig
+from blocksync.engine.inputs import Input, InputSpec
 from blocksync.engine.launcher import TrainingError, TrainResult, train, train_blocks, train_files
 from blocksync.pipeline.artifacts import SavedModel, load_model
 
@@ -16,6 +17,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockInfo",
     "CollectiveError",
+    "Input",
+    "InputSpec",
     "ModelSpec",
     "SavedModel",
     "TrainConfig",

@@ -7,44 +7,41 @@ single-process reference loop in the tests uses the same `batch_slices` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 from blocksync.engine.blocks import FEATURES, LABEL, WEIGHT
+from blocksync.engine.inputs import IDS
 
 
-def arrow_to_block(batches: Iterable[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [n, d], labels float64 [n]) from the partition's batches, no per-row Python."""
-    parts = [batch_arrays(b) for b in batches if b.num_rows]
-    if not parts:
-        return np.zeros((0, 0), dtype=np.float32), np.zeros((0,), dtype=np.float64)
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
-
-
-def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [k, d], targets float64) of one incoming batch: fresh, writable arrays.
+def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features float32 [k, d], ids int64 [k, i], targets float64) of one incoming batch: fresh, writable
+    arrays. Ids are the typed inputs' (`inputs`; i = 0 without them).
 
     Targets are the labels [k], or with a `weight` column (label, weight) pairs [k, 2]."""
-    feats = batch.column(batch.schema.get_field_index(FEATURES))
-    if feats.null_count:
-        raise ValueError(f"{feats.null_count} rows have null features")
-    lengths = pc.list_value_length(feats)
-    low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
-    if low != high:
-        raise ValueError(f"feature arrays have lengths {low}..{high}; every row needs the same number of features.")
-    values = feats.flatten().to_numpy(zero_copy_only=False).astype(np.float32)  # a writable copy
-    x = np.ascontiguousarray(values.reshape(batch.num_rows, -1))
+    x = _matrix(batch, FEATURES, np.float32, "features")
+    ids = _matrix(batch, IDS, np.int64, "ids") if IDS in batch.schema.names else np.zeros((batch.num_rows, 0),
+                                                                                           np.int64)
     y = batch.column(batch.schema.get_field_index(LABEL)).to_numpy(zero_copy_only=False).astype(np.float64)
     if WEIGHT in batch.schema.names:
         w = batch.column(batch.schema.get_field_index(WEIGHT)).to_numpy(zero_copy_only=False).astype(np.float64)
         y = np.stack([y, w], axis=1)
-    return x, y
+    return x, ids, y
+
+
+def _matrix(batch: pa.RecordBatch, column: str, dtype: type, what: str) -> np.ndarray:
+    """A list column of equal-length rows as a [rows, length] array of `dtype` (a writable copy)."""
+    values = batch.column(batch.schema.get_field_index(column))
+    if values.null_count:
+        raise ValueError(f"{values.null_count} rows have null {what}")
+    lengths = pc.list_value_length(values)
+    low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+    if low != high:
+        raise ValueError(f"the {what} arrays have lengths {low}..{high}; every row needs the same number of values.")
+    flat = values.flatten().to_numpy(zero_copy_only=False).astype(dtype)  # a copy: int64 ids stay int64
+    return np.ascontiguousarray(flat.reshape(batch.num_rows, high or 0))
 
 
 def split_targets(y: np.ndarray | torch.Tensor) -> tuple:

@@ -1,13 +1,14 @@
 """Where a worker keeps its block: in memory, or on the executor's local disk (`train.block_storage`).
 
-`memory`: the block is one float32 feature matrix and one float64 label vector,
+`memory`: the block is one float32 feature matrix, one int64 id matrix (typed inputs' token ids and
+category codes; zero columns without them) and one float64 label vector,
 filled in place as the input arrives (the driver knows the block's row count),
 so loading holds at most one incoming batch beyond the block itself. On a GPU
 the whole block is moved to the device once.
 
 `disk`: the block is written once, as it arrives (Arrow batches from the
-shuffle, or row groups with blocks=files), to two unnamed files in a Spark local
-directory of the executor (`SPARK_LOCAL_DIRS`, which Spark sets for its Python
+shuffle, or row groups with blocks=files), to two unnamed files (three with an id matrix) in a
+Spark local directory of the executor (`SPARK_LOCAL_DIRS`, which Spark sets for its Python
 workers, so the disks users configured apply). The files are created with
 O_TMPFILE: they have no name, so nothing is left in the directory whatever
 happens to the process, a kill included, and the kernel frees them when the
@@ -43,8 +44,14 @@ LABEL_BYTES = 8  # float64
 
 
 def row_bytes(num_features: int) -> int:
-    """Bytes of one row on disk (and in memory): float32 features and a float64 label."""
+    """Bytes of one row on disk (and in memory): float32 features and a float64 label. With typed inputs
+    callers pass `storage_width`: an int64 id takes the room of two float32 values."""
     return 4 * num_features + LABEL_BYTES
+
+
+def storage_width(num_features: int, id_width: int) -> int:
+    """The float32 width whose `row_bytes` are a row's bytes with `id_width` int64 ids beside the floats."""
+    return num_features + 2 * id_width
 
 
 def min_budget_bytes(local_batch_rows: int, num_features: int) -> int:
@@ -120,13 +127,14 @@ def spark_local_dir() -> str:
 class MemoryBlock:
     """The block as two tensors on the training device."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, device: torch.device) -> None:
+    def __init__(self, x: np.ndarray, y: np.ndarray, device: torch.device, ids: np.ndarray | None = None) -> None:
         self.rows = int(x.shape[0])
         self.x = torch.from_numpy(x).to(device)  # x is a fresh array the worker owns
         self.y = torch.from_numpy(y).to(device)
+        self.ids = torch.from_numpy(ids if ids is not None else np.zeros((self.rows, 0), np.int64)).to(device)
 
-    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.x.index_select(0, idx), self.ids.index_select(0, idx), self.y.index_select(0, idx)
 
     def weights(self) -> torch.Tensor:
         """Every row's weight, on the CPU; rows of (label, weight) only."""
@@ -137,14 +145,14 @@ class MemoryBlock:
 
 
 class DiskBlockWriter:
-    """Appends batches to the two unnamed files; `finish()` maps them for training."""
+    """Appends batches to the unnamed files (features, targets, ids); `finish()` maps them for training."""
 
     def __init__(self, num_features: int, expected_rows: int, directory: str | None = None,
-                 target_columns: int = 1) -> None:
+                 target_columns: int = 1, id_width: int = 0) -> None:
         self.directory = directory or spark_local_dir()
-        self.num_features = num_features
+        self.num_features, self.id_width = num_features, id_width
         self.target_columns = target_columns
-        needed = expected_rows * row_bytes(num_features)
+        needed = expected_rows * row_bytes(storage_width(num_features, id_width))
         free = shutil.disk_usage(self.directory).free
         if needed > free:
             raise ValueError(
@@ -153,15 +161,17 @@ class DiskBlockWriter:
                 "or use more workers."
             )
         self.rows = 0
-        self._files: list[IO[bytes]] = [self._unnamed(), self._unnamed()]
+        self._files: list[IO[bytes]] = [self._unnamed() for _ in range(3 if id_width else 2)]
 
     def _unnamed(self) -> IO[bytes]:
         return tempfile.TemporaryFile(dir=self.directory)  # O_TMPFILE on Linux: never has a name
 
-    def append(self, x: np.ndarray, y: np.ndarray) -> None:
+    def append(self, x: np.ndarray, y: np.ndarray, ids: np.ndarray | None = None) -> None:
         try:
             self._files[0].write(np.ascontiguousarray(x, dtype=np.float32).tobytes())
             self._files[1].write(np.ascontiguousarray(y, dtype=np.float64).tobytes())
+            if self.id_width:
+                self._files[2].write(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
         except OSError as err:
             self.close()
             raise ValueError(f"block_storage=disk could not write the block to {self.directory}: {err}") from err
@@ -170,7 +180,8 @@ class DiskBlockWriter:
     def finish(self, budget_bytes: int, device: torch.device) -> DiskBlock:
         for f in self._files:
             f.flush()
-        return DiskBlock(self._files, self.rows, self.num_features, budget_bytes, device, self.target_columns)
+        return DiskBlock(self._files, self.rows, self.num_features, budget_bytes, device, self.target_columns,
+                         self.id_width)
 
     def close(self) -> None:
         for f in self._files:
@@ -183,20 +194,25 @@ class DiskBlock:
     block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
-                 device: torch.device, target_columns: int = 1) -> None:
-        self.rows, self.num_features, self.device = rows, num_features, device
+                 device: torch.device, target_columns: int = 1, id_width: int = 0) -> None:
+        self.rows, self.num_features, self.id_width, self.device = rows, num_features, id_width, device
         self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
-        self._window = max(budget_bytes, 2 * PAGE + row_bytes(num_features))
+        self._window = max(budget_bytes, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
 
-    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
         xb = np.empty((len(rows), self.num_features), dtype=np.float32)
+        ib = np.empty((len(rows), self.id_width), dtype=np.int64)
         yb = np.empty((len(rows), *self.target_shape), dtype=np.float64)
         if len(rows):
-            self._gather(self._files[0], rows, xb, 4 * self.num_features)
+            if self.num_features:
+                self._gather(self._files[0], rows, xb, 4 * self.num_features)
+            if self.id_width:
+                self._gather(self._files[2], rows, ib, 8 * self.id_width)
             self._gather(self._files[1], rows, yb, yb.itemsize * max(1, yb[0].size))
-        return torch.from_numpy(xb).to(self.device), torch.from_numpy(yb).to(self.device)
+        return (torch.from_numpy(xb).to(self.device), torch.from_numpy(ib).to(self.device),
+                torch.from_numpy(yb).to(self.device))
 
     def weights(self) -> torch.Tensor:
         """Every row's weight (8 bytes a row in memory), for the per-step weight sums; rows of
@@ -230,5 +246,5 @@ class DiskBlock:
 
 
 Block = MemoryBlock | DiskBlock
-"""A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device: features
-and targets, see `block_data.split_targets`), `weights()` (with per-row weights), `close()`."""
+"""A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device: features,
+ids and targets, see `block_data.split_targets`), `weights()` (with per-row weights), `close()`."""

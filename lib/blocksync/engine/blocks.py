@@ -27,6 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
+from blocksync.engine.inputs import IDS, InputSpec
+
 FEATURES = "features"
 LABEL = "label"
 WEIGHT = "weight"
@@ -46,6 +48,8 @@ class BlockInfo:
     val_sizes: list[int] | None = None
     """Held-out validation rows per block, which follow its `sizes` training rows in the
     partition; None: no validation."""
+    inputs: InputSpec | None = None
+    """Typed inputs (`num_features` is then the width of the numeric ones); None: one feature matrix."""
 
 
 def _is_vector(dtype: T.DataType) -> bool:
@@ -54,6 +58,15 @@ def _is_vector(dtype: T.DataType) -> bool:
 
 def _names(features: str | list[str]) -> list[str]:
     return [features] if isinstance(features, str) else list(features)
+
+
+def check_label_not_an_input(df: DataFrame, inputs: InputSpec, label: str) -> None:
+    from blocksync.engine.inputs import source_columns
+
+    for item in inputs.inputs:
+        if label in source_columns(item, df.columns):
+            raise ValueError(f"the label column {label!r} is also read by inputs[{item.name!r}]; remove it from "
+                             "that input, or the model would read the answer.")
 
 
 def check_label_not_a_feature(features: str | list[str], label: str) -> None:
@@ -194,30 +207,43 @@ def validation_flag(df: DataFrame, column: str | None) -> Column:
 def make_blocks(
     df: DataFrame,
     *,
-    features: str | list[str],
+    features: str | list[str] = FEATURES,
     label: str,
     num_workers: int,
     seed: int,
     validation_col: str | None = None,
     validation_fraction: float = 0.0,
     weight: str | None = None,
+    inputs: InputSpec | None = None,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo).
+
+    With `inputs` (resolved by `input_columns.resolve_inputs`; `features` is then unused), the blocks
+    carry the numeric inputs packed in `features` and the id inputs in `ids` (see `inputs`).
 
     With validation (rows flagged by `validation_col`, or a seeded content-hashed
     `validation_fraction`), held-out rows are balanced over the blocks on their
     own and placed after each block's training rows. `weight` names a numeric column of per-row
     weights, carried as the blocks' `weight` column and checked here (finite, >= 0).
     """
-    check_label_not_a_feature(features, label)
     weights = [weight_column(df, weight).alias(WEIGHT)] if weight else []
-    data = df.select(features_column(df, features).alias(FEATURES), label_column(df, label).alias(LABEL),
-                     validation_flag(df, validation_col).alias("_val"), *weights)
+    if inputs is None:
+        check_label_not_a_feature(features, label)
+        values = [features_column(df, features).alias(FEATURES)]
+    else:
+        from blocksync.engine.input_columns import packed_columns  # it builds on this module's checks
+
+        check_label_not_an_input(df, inputs, label)
+        floats, ids = packed_columns(df, inputs)
+        values = [floats.alias(FEATURES), ids.alias(IDS)]
+    data = df.select(*values, label_column(df, label).alias(LABEL), validation_flag(df, validation_col).alias("_val"),
+                     *weights)
+    content = [F.col(c.name) for c in data.schema.fields if c.name in (FEATURES, IDS, LABEL)]
     if validation_fraction > 0:
-        share = F.pmod(F.xxhash64(F.lit(seed + 1), F.col(FEATURES), F.col(LABEL)), F.lit(1_000_000))
+        share = F.pmod(F.xxhash64(F.lit(seed + 1), *content), F.lit(1_000_000))
         data = data.withColumn("_val", share < F.lit(int(validation_fraction * 1_000_000)))
 
-    key = F.xxhash64(F.lit(seed), F.col(FEATURES), F.col(LABEL))
+    key = F.xxhash64(F.lit(seed), *content)
     num_buckets = max(4 * num_workers, 16)
     keyed = data.withColumn("_key", key).withColumn("_bucket", F.pmod(F.col("_key"), F.lit(num_buckets)))
     stats = keyed.groupBy("_val", "_bucket").agg(
@@ -228,7 +254,7 @@ def make_blocks(
         F.sum(bad_weight_flag() if weight else F.lit(0)).alias("bad_weights"),
         *label_aggregates(),
     ).collect()
-    num_features = _check_stats(stats)
+    num_features = _check_stats(stats) if inputs is None else _check_rows(stats, inputs.float_width)
     _check_weights(stats, weight)
     totals = {held: sum(int(r["n"]) for r in stats if r["_val"] is held) for held in (False, True)}
     if any(r["_val"] is None for r in stats):
@@ -240,7 +266,7 @@ def make_blocks(
         raise ValueError(f"{where} holds out no rows; mark some rows true, or raise the fraction.")
 
     offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
-    tie_break = [FEATURES, LABEL, *([WEIGHT] if weight else [])]  # equal rows in a fixed order
+    tie_break = [*(c for c in (FEATURES, IDS) if c in data.columns), LABEL, *([WEIGHT] if weight else [])]
     index_in_bucket = F.row_number().over(Window.partitionBy("_val", "_bucket").orderBy("_key", *tie_break)) - 1
     bucket = F.col("_bucket").cast("int") + 1
     bucket_offset = F.when(F.col("_val"), F.element_at(F.array(*[F.lit(o) for o in offsets[True]]), bucket)).otherwise(
@@ -250,7 +276,7 @@ def make_blocks(
     sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
     held_out = sizes[True] if (validation_col is not None or validation_fraction > 0) else None
     return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
-                             val_sizes=held_out)
+                             val_sizes=held_out, inputs=inputs)
 
 
 def _balanced(total: int, num_workers: int) -> list[int]:
@@ -267,10 +293,20 @@ def _bucket_offsets(stats: list, held: bool, num_buckets: int) -> list[int]:
     return offsets
 
 
-def _check_stats(stats: list) -> int:
-    """The feature width every row shares; raises on empty data, ragged or empty features, null labels."""
+def _check_rows(stats: list, num_features: int) -> int:
+    """`num_features`, after checking the data has rows and no null labels (typed inputs: their widths
+    were checked by `resolve_inputs`)."""
     if sum(int(r["n"]) for r in stats) == 0:
         raise ValueError("the training data is empty (0 rows); check the input path, table or filter.")
+    null_labels = sum(int(r["null_labels"]) for r in stats)
+    if null_labels:
+        raise ValueError(f"{null_labels} rows have a null label; drop or fill them before training.")
+    return num_features
+
+
+def _check_stats(stats: list) -> int:
+    """The feature width every row shares; raises on empty data, ragged or empty features, null labels."""
+    _check_rows(stats, 0)
     dims = {int(r["dmin"]) for r in stats} | {int(r["dmax"]) for r in stats}
     if len(dims) != 1 or -1 in dims:
         raise ValueError(
@@ -280,9 +316,6 @@ def _check_stats(stats: list) -> int:
     num_features = dims.pop()
     if num_features == 0:
         raise ValueError("feature arrays are empty; every row needs at least one feature.")
-    null_labels = sum(int(r["null_labels"]) for r in stats)
-    if null_labels:
-        raise ValueError(f"{null_labels} rows have a null label; drop or fill them before training.")
     return num_features
 
 
@@ -319,5 +352,5 @@ def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: in
         df.withColumn("_pkey", part_key.cast("long"))
         .repartition(num_workers, "_pkey")
         .sortWithinPartitions(*order)
-        .select(FEATURES, LABEL, *([WEIGHT] if WEIGHT in df.columns else []))
+        .select(FEATURES, *([IDS] if IDS in df.columns else []), LABEL, *([WEIGHT] if WEIGHT in df.columns else []))
     )

@@ -31,6 +31,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -40,9 +41,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from blocksync.engine import checkpoint, startup
 from blocksync.engine.block_data import steps_per_epoch
+from blocksync.engine.block_store import storage_width
 from blocksync.engine.blocks import WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.input_columns import resolve_inputs
+from blocksync.engine.inputs import Input, InputSpec
 from blocksync.engine.losses import check_loss
 from blocksync.engine.metrics import run_metrics
 from blocksync.engine.models import build_model, module_from_bytes, validate_spec
@@ -80,6 +84,8 @@ class TrainResult:
     metrics: dict[str, Any]
     history: list[dict[str, float]]
     rank_summaries: list[dict[str, Any]] = field(repr=False)
+    inputs: InputSpec | None = None
+    """The typed inputs as trained (widths and cardinalities measured); None: one feature matrix."""
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -222,11 +228,14 @@ def train(
     progress: str = "off",
     validation: str | None = None,
     weight: str | None = None,
+    inputs: Sequence[Input | dict[str, Any]] | None = None,
 ) -> TrainResult:
     """Train `config.model` on `df` by block-synchronous data parallelism.
 
     `features` names an array<float> column, an ML vector column, or a list of
-    numeric columns; `label` a numeric column (class index or target); `weight`
+    numeric columns; or `inputs` lists typed inputs instead (numeric, tokens,
+    categorical; see `blocksync.engine.inputs`), which the model receives as a
+    dict of tensors; `label` a numeric column (class index or target); `weight`
     an optional numeric column of per-row weights (finite, >= 0): each step then
     minimizes the weighted sum of the rows' losses over the global batch divided
     by the batch's summed weights, exactly as one process would.
@@ -246,7 +255,7 @@ def train(
     if config.early_stopping_patience and validation is None and not config.validation_fraction:
         raise ValueError(f"early_stopping_patience={config.early_stopping_patience} needs validation rows: set "
                          "validation_fraction, or pass a validation column.")
-    if config.blocks == "auto" and validation is None and not config.validation_fraction:
+    if config.blocks == "auto" and validation is None and not config.validation_fraction and inputs is None:
         names = [*([features] if isinstance(features, str) else features), label, *([weight] if weight else [])]
         files = parquet_scan_files(df, names)
         if files is not None:
@@ -256,9 +265,12 @@ def train(
                                weight=weight)
     refuse_weighted_custom_loss(config, weight is not None)
     check_slots(spark, config.num_workers)
+    spec = resolve_inputs(df, inputs) if inputs is not None else None
+    if spec is not None:
+        validate_spec(config.model, spec.float_width, 2, spec)  # before the shuffle; train_blocks checks the outputs
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
                                validation_col=validation, validation_fraction=config.validation_fraction,
-                               weight=weight)
+                               weight=weight, inputs=spec)
     return train_blocks(spark, blocks, info, config, progress=progress)
 
 
@@ -314,12 +326,13 @@ def train_blocks(
     check_horovod_knobs(spark, config)
     check_fault_mode(spark, config)
     num_outputs = resolve_outputs(config, blocks, info)
-    validate_spec(config.model, info.num_features, num_outputs)
+    validate_spec(config.model, info.num_features, num_outputs, info.inputs)
     if config.loss:
         check_loss(config.loss, config.task, num_outputs)
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
-    storage = resolve_storage(config, info.sizes, info.num_features, per_epoch,
+    id_width = info.inputs.id_width if info.inputs is not None else 0
+    storage = resolve_storage(config, info.sizes, storage_width(info.num_features, id_width), per_epoch,
                               worker_memory(spark, config.num_workers))
     plan = WorkerPlan(
         config=config,
@@ -332,9 +345,10 @@ def train_blocks(
         val_rows=list(info.val_sizes) if info.val_sizes is not None else None,
         storage=storage,
         weighted=(shards.weight is not None) if shards else WEIGHT in blocks.columns,
+        inputs=info.inputs,
     )
     refuse_weighted_custom_loss(config, plan.weighted)
-    check_checkpoint(config, info.num_features, num_outputs)
+    check_checkpoint(config, info.num_features, num_outputs, info.inputs)
     log.info(
         "training %s on %d rows in %d blocks (%s), backend=%s, %d steps",
         config.model.name, total_rows, config.num_workers, storage, config.backend, plan.total_steps,
@@ -353,13 +367,13 @@ def refuse_weighted_custom_loss(config: TrainConfig, weighted: bool) -> None:
                          "cannot weight them; unset the weight column, or weight the rows inside the loss.")
 
 
-def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int) -> None:
+def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None = None) -> None:
     """Before launch: the checkpoint a run would resume from must load and fit the model."""
     path = checkpoint.latest(config.checkpoint.dir)
     if path is None:
         return
     snapshot = checkpoint.read(path)
-    checkpoint.check_compatible(snapshot, build_model(config.model, num_features, num_outputs), path)
+    checkpoint.check_compatible(snapshot, build_model(config.model, num_features, num_outputs, inputs), path)
     log.info("will resume from %s (step %d)", path, snapshot.step)
 
 
@@ -418,7 +432,7 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
             f"{config.num_workers} rank summaries"
         )
     model = module_from_bytes(config.model, plan.num_features, plan.num_outputs,
-                              b"".join(bytes(p) for _, p in chunks))
+                              b"".join(bytes(p) for _, p in chunks), plan.inputs)
     return TrainResult(
         model=model,
         config=config,
@@ -428,4 +442,5 @@ def _assemble(config: TrainConfig, plan: WorkerPlan, info: BlockInfo, rows: list
         metrics=run_metrics(config, plan, summaries, wall),
         history=summaries[0]["history"],
         rank_summaries=summaries,
+        inputs=plan.inputs,
     )

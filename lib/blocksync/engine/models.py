@@ -1,4 +1,11 @@
-"""Model registry: built identically from a `ModelSpec` on the driver and every worker."""
+"""Model registry: built identically from a `ModelSpec` on the driver and every worker.
+
+One feature matrix: `logreg`, `mlp`, `cnn`, or `package.module:factory` called as
+factory(num_features, num_outputs, **options); the network takes float32 [batch, num_features].
+Typed inputs (`inputs`): `embedding_mlp`, `transformer`, or a factory called as
+factory(input_spec, num_outputs, **options) with the `InputSpec` describing every input (name, kind,
+width, cardinality, pad); the network takes the dict of tensors keyed by input name.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import torch
 from torch import nn
 
 from blocksync.engine.config import ModelSpec
+from blocksync.engine.inputs import InputSpec
 
 
 def logreg(num_features: int, num_outputs: int) -> nn.Module:
@@ -61,7 +69,61 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-REGISTRY = ("logreg", "mlp", "cnn")
+class EmbeddingMLP(nn.Module):
+    """Numeric inputs as they are and each categorical input through its own embedding, side by side
+    (in input order) into an `mlp`. An embedding is `embedding_dim` wide, or by default
+    min(50, (cardinality + 1) // 2) (the fast.ai rule of thumb)."""
+
+    def __init__(self, spec: InputSpec, num_outputs: int, hidden: list[int], dropout: float = 0.0,
+                 embedding_dim: int | None = None) -> None:
+        super().__init__()
+        tokens = [i.name for i in spec.inputs if i.kind == "tokens"]
+        if tokens:
+            raise ValueError(f"model 'embedding_mlp' reads numeric and categorical inputs; {tokens} are tokens: "
+                             "use model 'transformer' for token sequences, or make them categorical.")
+        self.order = [(i.name, i.kind) for i in spec.inputs]
+        dims = {i.name: (int(i.cardinality or 1), embedding_dim or min(50, (int(i.cardinality or 1) + 1) // 2))
+                for i in spec.inputs if i.kind == "categorical"}
+        self.embeddings = nn.ModuleDict({name: nn.Embedding(*shape) for name, shape in dims.items()})
+        width = spec.float_width + sum(dim for _, dim in dims.values())
+        self.mlp = mlp(width, num_outputs, hidden, dropout)
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.embeddings[name](inputs[name]) if kind == "categorical" else inputs[name]
+                 for name, kind in self.order]
+        return self.mlp(torch.cat(parts, dim=1))
+
+
+class TokenTransformer(nn.Module):
+    """A small encoder classifier over one tokens input: token and learned position embeddings, a
+    `layers`-deep nn.TransformerEncoder (pre-norm off, ReLU, batch first), the mean over the positions
+    that are not padding (its `pad` id; every position without one), and a linear head."""
+
+    def __init__(self, spec: InputSpec, num_outputs: int, d_model: int = 32, heads: int = 4, layers: int = 2,
+                 dim_feedforward: int = 64, dropout: float = 0.0) -> None:
+        super().__init__()
+        tokens = [i for i in spec.inputs if i.kind == "tokens"]
+        if len(tokens) != 1 or len(spec.inputs) != 1:
+            raise ValueError(f"model 'transformer' reads exactly one tokens input; the inputs are "
+                             f"{[(i.name, i.kind) for i in spec.inputs]}: keep one tokens input.")
+        self.name, self.pad = tokens[0].name, tokens[0].pad
+        self.tokens = nn.Embedding(int(tokens[0].cardinality or 1), d_model)
+        self.positions = nn.Embedding(tokens[0].width, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward, dropout, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, num_outputs)
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = inputs[self.name]
+        h = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        padding = ids == self.pad if self.pad is not None else torch.zeros_like(ids, dtype=torch.bool)
+        h = self.encoder(h, src_key_padding_mask=padding if self.pad is not None else None)
+        keep = (~padding).unsqueeze(-1).to(h.dtype)
+        return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+
+REGISTRY = ("logreg", "mlp", "cnn", "embedding_mlp", "transformer")
+TYPED = ("embedding_mlp", "transformer")
 
 
 def _import_factory(path: str) -> Callable[..., nn.Module]:
@@ -81,8 +143,13 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
     return factory
 
 
-def build_model(spec: ModelSpec, num_features: int, num_outputs: int) -> nn.Module:
-    """The network `spec` names, with default (unseeded) initialization."""
+def build_model(spec: ModelSpec, num_features: int, num_outputs: int, inputs: InputSpec | None = None) -> nn.Module:
+    """The network `spec` names, with default (unseeded) initialization; `inputs`: typed inputs."""
+    if inputs is not None:
+        return _build_typed(spec, inputs, num_outputs)
+    if spec.name in TYPED:
+        raise ValueError(f"model.name={spec.name!r} reads typed inputs; name them (inputs= in train(), data.inputs "
+                         "in a run config, the estimator's inputs Param), or use logreg, mlp or cnn.")
     if spec.name == "logreg":
         return logreg(num_features, num_outputs)
     if spec.name == "mlp":
@@ -103,6 +170,29 @@ def build_model(spec: ModelSpec, num_features: int, num_outputs: int) -> nn.Modu
     return model
 
 
+def _build_typed(spec: ModelSpec, inputs: InputSpec, num_outputs: int) -> nn.Module:
+    if spec.name == "embedding_mlp":
+        return EmbeddingMLP(inputs, num_outputs, spec.hidden, spec.dropout, **spec.options)
+    if spec.name == "transformer":
+        return TokenTransformer(inputs, num_outputs, **{"dropout": spec.dropout, **spec.options})
+    if spec.name in REGISTRY:
+        raise ValueError(f"model.name={spec.name!r} reads one float feature matrix, but typed inputs were given; "
+                         "use embedding_mlp, transformer or a factory 'package.module:factory(input_spec, "
+                         "num_outputs)', or drop the inputs.")
+    factory = _import_factory(spec.name)
+    try:
+        model = factory(inputs, num_outputs, **spec.options)
+    except Exception as err:  # the user's code: say what we called it with
+        raise ValueError(
+            f"model.name={spec.name!r}: calling it as factory(input_spec, {num_outputs}, **model.options) failed "
+            f"({type(err).__name__}: {err}); with typed inputs a factory takes (input_spec, num_outputs, **options) "
+            "and returns a torch.nn.Module."
+        ) from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model.name={spec.name!r} returned {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
 def is_custom(spec: ModelSpec) -> bool:
     """True when `spec` names an import path: building it imports and runs that code."""
     return spec.name not in REGISTRY
@@ -114,18 +204,24 @@ def check_importable(spec: ModelSpec) -> None:
         _import_factory(spec.name)
 
 
-def validate_spec(spec: ModelSpec, num_features: int, num_outputs: int) -> None:
+def validate_spec(spec: ModelSpec, num_features: int, num_outputs: int, inputs: InputSpec | None = None) -> None:
     """Build once on the driver and run a probe forward pass on two zero rows, so a bad spec, or a
     network whose output width is not `num_outputs`, fails before any barrier task starts."""
-    model = build_model(spec, num_features, num_outputs)
+    model = build_model(spec, num_features, num_outputs, inputs)
     model.eval()
+    probe: torch.Tensor | dict[str, torch.Tensor] = torch.zeros(2, num_features)
+    takes = f"[batch, {num_features}] float features"
+    if inputs is not None:
+        probe = inputs.probe(2)
+        takes = "a dict of tensors keyed by input name (" + ", ".join(
+            f"{k}: {tuple(v.shape)} {v.dtype}" for k, v in probe.items()) + ")"
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, num_features))
+            out = model(probe)
     except Exception as err:
         raise ValueError(
-            f"model.name={spec.name!r}: a forward pass on a batch of shape (2, {num_features}) failed "
-            f"({type(err).__name__}: {err}); the network must take [batch, {num_features}] float features."
+            f"model.name={spec.name!r}: a forward pass on a probe batch of 2 rows failed "
+            f"({type(err).__name__}: {err}); the network must take {takes}."
         ) from err
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_outputs):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -143,10 +239,11 @@ def state_bytes(model: nn.Module) -> bytes:
     return save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
 
 
-def module_from_bytes(spec: ModelSpec, num_features: int, num_outputs: int, weights: bytes) -> nn.Module:
+def module_from_bytes(spec: ModelSpec, num_features: int, num_outputs: int, weights: bytes,
+                      inputs: InputSpec | None = None) -> nn.Module:
     """The network `spec` names with `weights` (safetensors bytes, see `state_bytes`) loaded, in eval mode."""
     from safetensors.torch import load
 
-    module = build_model(spec, num_features, num_outputs)
+    module = build_model(spec, num_features, num_outputs, inputs)
     module.load_state_dict(load(weights))
     return module.eval()

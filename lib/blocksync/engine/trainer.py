@@ -93,14 +93,14 @@ def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
 class Trainer:
     def __init__(self, plan: WorkerPlan, coll: Collective, block: Block, block_rows: list[int],
                  device: torch.device, beat: Heartbeat,
-                 validation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 validation: tuple[torch.Tensor, ...] | None = None) -> None:
         cfg = self.cfg = plan.config
         self.plan, self.coll, self.block, self.device, self.beat = plan, coll, block, device, beat
         self.validation = validation
         self.best_params: torch.Tensor | None = None  # early stopping: the lowest val_loss epoch's weights
         self.rank = coll.rank
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, plan.num_features, plan.num_outputs).to(device)
+        self.model = build_model(cfg.model, plan.num_features, plan.num_outputs, plan.inputs).to(device)
         set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
         self.model.train()
         self.custom_loss = import_loss(cfg.loss) if cfg.loss else None  # probed on the driver (losses.check_loss)
@@ -191,9 +191,9 @@ class Trainer:
         _inject_fault(self.plan, self.rank, step, self.beat)
         t_data = time.perf_counter()
         idx = order[lo:hi]
-        xb, yb = self.block.take(idx)
+        xb, ib, yb = self.block.take(idx)
         t_compute = time.perf_counter()
-        count = self.compute(xb, yb)
+        count = self.compute(xb, ib, yb)
         if self.slow_seconds:
             time.sleep(self.slow_seconds)
         t_sync = time.perf_counter()
@@ -217,7 +217,12 @@ class Trainer:
             loss = float(self.epoch_stats[1]) / max(float(self.epoch_stats[0]), 1.0)
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
 
-    def compute(self, xb: torch.Tensor, targets: torch.Tensor) -> float:
+    def forward(self, xb: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The network on a batch: the feature matrix, or with typed inputs the dict of them (`inputs`)."""
+        inputs = self.plan.inputs
+        return self.model(xb if inputs is None else inputs.model_input(xb, ids))
+
+    def compute(self, xb: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor) -> float:
         """Summed (weighted) loss and its gradients (into self.grads) over the local batch; returns the
         row count, or with row weights their sum."""
         self.optimizer.zero_grad(set_to_none=False)
@@ -227,7 +232,7 @@ class Trainer:
         count = float(xb.shape[0]) if wb is None else float(wb.sum())
         bf16 = self.cfg.mixed_precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = self.model(xb)
+            out = self.forward(xb, ids)
             loss = loss_sum(out.float(), yb, self.cfg.task, wb, self.custom_loss)
         loss.backward()
         self.epoch_stats[0] += count
@@ -299,13 +304,13 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Collective: the loss (and accuracy) over every rank's held-out rows, with these weights."""
         assert self.validation is not None
-        x, targets = self.validation
+        x, ids, targets = self.validation
         y, _ = split_targets(targets)  # held-out rows count equally, whatever their weight
         stats = torch.zeros(3, dtype=torch.float64)
         self.model.eval()
         with torch.no_grad():
             for lo in range(0, x.shape[0], 4096):
-                out = self.model(x[lo:lo + 4096]).float()
+                out = self.forward(x[lo:lo + 4096], ids[lo:lo + 4096]).float()
                 stats[0] += out.shape[0]
                 stats[1] += float(loss_sum(out, y[lo:lo + 4096], self.cfg.task, custom=self.custom_loss))
                 if self.cfg.task == "classification":

@@ -63,9 +63,17 @@ import pyarrow as pa
 import torch
 
 from blocksync.engine.block_data import batch_arrays, split_targets
-from blocksync.engine.block_store import Block, DiskBlockWriter, MemoryBlock, block_too_large, check_block_fits
+from blocksync.engine.block_store import (
+    Block,
+    DiskBlockWriter,
+    MemoryBlock,
+    block_too_large,
+    check_block_fits,
+    storage_width,
+)
 from blocksync.engine.collectives import Collective, Rendezvous, start_collective
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.inputs import InputSpec
 from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.models import state_bytes
 from blocksync.engine.progress import Heartbeat
@@ -76,6 +84,8 @@ from blocksync.engine.trainer import Trainer, params_digest
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024 * 1024
+Piece = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Rows as they arrive or are held: (features float32 [k, d], ids int64 [k, i], targets float64)."""
 RESULT_SCHEMA = pa.schema(
     [("kind", pa.string()), ("rank", pa.int32()), ("seq", pa.int32()), ("payload", pa.binary())]
 )
@@ -111,10 +121,17 @@ class WorkerPlan:
     global batch divided by its summed weights."""
     launched_at: float = 0.0
     """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
+    inputs: InputSpec | None = None
+    """Typed inputs (`num_features` is the width of the numeric ones, `id_width` of the id ones); None:
+    one feature matrix."""
 
     @property
     def total_steps(self) -> int:
         return self.steps_per_epoch * self.config.epochs
+
+    @property
+    def id_width(self) -> int:
+        return self.inputs.id_width if self.inputs is not None else 0
 
 
 def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.device, str | None]:
@@ -148,11 +165,16 @@ def _rows(kind: str, rank: int, payloads: list[bytes]) -> pa.RecordBatch:
     )
 
 
-def _validate_block(plan: WorkerPlan, x: np.ndarray, targets: np.ndarray) -> str:
-    if x.shape[0] and x.shape[1] != plan.num_features:
-        return f"block has {x.shape[1]} features, expected {plan.num_features}"
+def _validate_block(plan: WorkerPlan, x: np.ndarray, ids: np.ndarray, targets: np.ndarray) -> str:
+    if x.shape[0] and (x.shape[1] != plan.num_features or ids.shape[1] != plan.id_width):
+        return (f"block has {x.shape[1]} features and {ids.shape[1]} ids, expected {plan.num_features} and "
+                f"{plan.id_width}")
     if not np.isfinite(x).all():
         return f"{int((~np.isfinite(x)).any(axis=1).sum())} rows have NaN or infinite features"
+    if plan.inputs is not None and ids.size:  # the driver checked these; a second look costs one comparison
+        outside = int(((ids < 0) | (ids >= plan.inputs.id_limits())).any(axis=1).sum())
+        if outside:
+            return f"{outside} rows hold ids outside their inputs' cardinalities"
     y, w = split_targets(targets)
     if w is not None:
         bad_weights = int((~np.isfinite(w) | (w < 0)).sum())
@@ -187,7 +209,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             log.warning("rank %d: %s", rank, warning)
         reset_peak_rss()
         t0 = time.perf_counter()
-        held_out: list[tuple[np.ndarray, np.ndarray]] = []
+        held_out: list[Piece] = []
         block, problem = _load_block(plan, batches, rank, device, held_out)
         validation = _validation_set(plan, held_out, device)
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
@@ -227,7 +249,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
 
 
 def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, device: torch.device,
-                held_out: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Block, str]:
+                held_out: list[Piece]) -> tuple[Block, str]:
     """(block, problem): the rank's block as it arrives, checked piece by piece, into memory or onto
     disk (`plan.storage`); or an empty block and what is wrong with the data. Validation rows (after
     the block's rows) are appended to `held_out`, in memory."""
@@ -237,86 +259,93 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
         if plan.val_rows is not None:
             pieces = _split_tail(pieces, expected, held_out)
         if plan.storage == "disk":
-            writer = DiskBlockWriter(plan.num_features, expected, target_columns=2 if plan.weighted else 1)
+            writer = DiskBlockWriter(plan.num_features, expected, target_columns=2 if plan.weighted else 1,
+                                     id_width=plan.id_width)
             try:
-                for x, y in pieces:
-                    writer.append(x, y)
+                for x, ids, y in pieces:
+                    writer.append(x, y, ids)
             except BaseException:
                 writer.close()
                 raise
             return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
-        check_block_fits(expected, plan.num_features)  # a cgroup kills without a MemoryError: check first
+        width = storage_width(plan.num_features, plan.id_width)
+        check_block_fits(expected, width)  # a cgroup kills without a MemoryError: check first
         try:
-            return MemoryBlock(*_fill(pieces, expected, plan.num_features, plan.weighted), device), ""
+            x, ids, y = _fill(pieces, expected, plan)
+            return MemoryBlock(x, y, device, ids), ""
         except MemoryError as err:
-            raise block_too_large(expected, plan.num_features) from err
+            raise block_too_large(expected, width) from err
     except ValueError as err:  # bad data in this block: every rank fails with it, none waits
-        return MemoryBlock(np.zeros((0, plan.num_features), np.float32), _targets(0, plan.weighted), device), str(err)
+        x, ids, y = _empty(plan, 0)
+        return MemoryBlock(x, y, device, ids), str(err)
 
 
-def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> Iterator[tuple[np.ndarray, ...]]:
+def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> Iterator[Piece]:
     """The rank's rows as they arrive: row groups of its files (blocks=files), or its partition's batches."""
     if plan.shards:
         for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
             pass
-        yield from iter_pieces(plan.shards, rank, plan.num_features)
+        for x, y in iter_pieces(plan.shards, rank, plan.num_features):
+            yield x, np.zeros((len(x), 0), np.int64), y
         return
     for batch in batches:
         if batch.num_rows:
             yield batch_arrays(batch)
 
 
-def _validation_set(plan: WorkerPlan, held_out: list[tuple[np.ndarray, np.ndarray]],
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """This rank's held-out rows as tensors (possibly none of them); None when the run has no validation."""
+def _validation_set(plan: WorkerPlan, held_out: list[Piece],
+                    device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    """This rank's held-out rows as tensors (features, ids, targets; possibly no rows); None when the run
+    has no validation."""
     if plan.val_rows is None:
         return None
-    x = np.concatenate([p[0] for p in held_out]) if held_out else np.zeros((0, plan.num_features), np.float32)
-    y = np.concatenate([p[1] for p in held_out]) if held_out else _targets(0, plan.weighted)
-    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    arrays = tuple(np.concatenate(parts) for parts in zip(*held_out, strict=True)) if held_out else _empty(plan, 0)
+    return tuple(torch.from_numpy(a).to(device) for a in arrays)
 
 
-def _targets(rows: int, weighted: bool) -> np.ndarray:
-    """An uninitialized targets array: labels [rows], or (label, weight) pairs [rows, 2]."""
-    return np.empty((rows, 2) if weighted else (rows,), dtype=np.float64)
+def _empty(plan: WorkerPlan, rows: int) -> Piece:
+    """Uninitialized (features, ids, targets) for `rows` rows; targets are labels [rows], or (label, weight)
+    pairs [rows, 2]."""
+    return (np.empty((rows, plan.num_features), np.float32), np.empty((rows, plan.id_width), np.int64),
+            np.empty((rows, 2) if plan.weighted else (rows,), dtype=np.float64))
 
 
-def _split_tail(pieces: Iterator[tuple[np.ndarray, np.ndarray]], keep: int,
-                tail: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _split_tail(pieces: Iterator[Piece], keep: int, tail: list[Piece]) -> Iterator[Piece]:
     """The first `keep` rows; the rest (the held-out validation rows) go to `tail` as they arrive."""
-    for x, y in pieces:
-        take = max(0, min(len(x), keep))
+    for piece in pieces:
+        rows = len(piece[0])
+        take = max(0, min(rows, keep))
         keep -= take
         if take:
-            yield x[:take], y[:take]
-        if take < len(x):
-            tail.append((x[take:], y[take:]))
+            yield tuple(a[:take] for a in piece)  # type: ignore[misc]
+        if take < rows:
+            tail.append(tuple(a[take:] for a in piece))  # type: ignore[arg-type]
 
 
-def _checked(plan: WorkerPlan, pieces: Iterator[tuple[np.ndarray, ...]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for x, y in pieces:
-        problem = _validate_block(plan, x, y)
+def _checked(plan: WorkerPlan, pieces: Iterator[Piece]) -> Iterator[Piece]:
+    for piece in pieces:
+        problem = _validate_block(plan, *piece)
         if problem:
             raise ValueError(problem)
-        yield x, y
+        yield piece
 
 
-def _fill(pieces: Iterator[tuple[np.ndarray, np.ndarray]], expected: int,
-          num_features: int, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The block in two arrays allocated once for the `expected` rows and filled piece by piece (so loading
+def _fill(pieces: Iterator[Piece], expected: int, plan: WorkerPlan) -> Piece:
+    """The block's arrays allocated once for the `expected` rows and filled piece by piece (so loading
     holds one piece beyond the block); rows beyond `expected` (a caller's wrong count) are appended."""
-    x = np.empty((expected, num_features), dtype=np.float32)
-    y = _targets(expected, weighted)
+    block = _empty(plan, expected)
     row, extra = 0, []
-    for xp, yp in pieces:
-        take = min(len(xp), expected - row)
-        x[row:row + take], y[row:row + take] = xp[:take], yp[:take]
+    for piece in pieces:
+        rows = len(piece[0])
+        take = min(rows, expected - row)
+        for whole, part in zip(block, piece, strict=True):
+            whole[row:row + take] = part[:take]
         row += take
-        if take < len(xp):
-            extra.append((xp[take:], yp[take:]))
+        if take < rows:
+            extra.append(tuple(a[take:] for a in piece))
     if extra:
-        return (np.concatenate([x, *(e[0] for e in extra)]), np.concatenate([y, *(e[1] for e in extra)]))
-    return (x, y) if row == expected else (x[:row].copy(), y[:row].copy())
+        return tuple(np.concatenate([whole, *(e[n] for e in extra)]) for n, whole in enumerate(block))  # type: ignore[return-value]
+    return block if row == expected else tuple(a[:row].copy() for a in block)  # type: ignore[return-value]
 
 
 def reset_peak_rss() -> None:
