@@ -1,4 +1,5 @@
-"""Test accuracy of the default digits config (conf/local.yaml) against scikit-learn on the same split.
+"""Test accuracy of the default digits config (conf/local.yaml) against scikit-learn on the same split,
+and of conf/digits_tokens.yaml: the `transformer` reading each image as 64 pixel tokens (vocabulary 17).
 
 The pipeline's prepare stage cuts the split and standardizes it once; then
 the default config trains on it with each socket backend (horovod,
@@ -7,12 +8,15 @@ scikit-learn's MLPClassifier (its defaults, max_iter=1000, seeds 0 to 4) and
 SVC (RBF, its defaults) fit the same standardized train split and score the
 same test split. The spark backend computes the same model (BSP equivalence,
 tests/test_engine.py) at about a second per step, so its 690 steps are left
-out here.
+out here. The tokens config prepares its own split (raw pixels, not standardized) with the same
+seed and fraction; the benchmark checks that its test rows are the default config's (un-standardized)
+and records it as `same_split`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from benchmarks.common import write
 BACKENDS = ["horovod", "torch_gloo"]
 SKLEARN_SEEDS = range(5)
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.yaml"
+TOKENS_CONFIG = CONFIG.with_name("digits_tokens.yaml")
 
 
 def _arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +45,24 @@ def sklearn_accuracies(prepared: Path) -> dict[str, list[float]]:
     mlp = [float((MLPClassifier(random_state=s, max_iter=1000).fit(x, y).predict(xt) == yt).mean())
            for s in SKLEARN_SEEDS]
     return {"sklearn MLPClassifier": mlp, "sklearn SVC": [float((SVC().fit(x, y).predict(xt) == yt).mean())]}
+
+
+def tokens_run(spark, tmp: Path, default_prepared: Path) -> tuple[dict, bool]:
+    """The transformer config end to end; and whether its test split holds the default config's rows."""
+    from blocksync.pipeline import stages
+    from blocksync.pipeline.run_config import load_config
+
+    config = load_config(str(TOKENS_CONFIG), [f"output_dir={tmp / 'tokens'}", "progress=false"])
+    acc = stages.run(spark, config)["test_accuracy"]
+    meta = json.loads((default_prepared / "prepare.json").read_text())
+    x, y = _arrays(default_prepared / "test.parquet")
+    pixels = np.rint(x.astype(np.float64) * np.asarray(meta["std"]) + np.asarray(meta["mean"]))
+    tokens = pd.read_parquet(tmp / "tokens" / "prepared" / "test.parquet")
+    raw = tokens[[f"pixel_{i}" for i in range(64)]].to_numpy()
+    same = (sorted(map(tuple, np.column_stack([pixels, y])))
+            == sorted(map(tuple, np.column_stack([raw, tokens["label"]]))))
+    return {"contender": "blocksync transformer, 64 pixel tokens (conf/digits_tokens.yaml, horovod)",
+            "accuracies": [acc]}, same
 
 
 def run(spark) -> dict:
@@ -61,14 +84,19 @@ def run(spark) -> dict:
             acc = stages.evaluate_stage(spark, cfg, run_dir)["test_accuracy"]
             rows.append({"contender": f"blocksync default config ({backend})", "accuracies": [acc]})
             print(f"{backend}: test accuracy {acc:.4f}", flush=True)
+        tokens_row, same_split = tokens_run(spark, Path(tmp), prepared_run / "prepared")
+        rows.append(tokens_row)
+        print(f"transformer: {tokens_row['accuracies']}, same split: {same_split}", flush=True)
         test_rows = len(pd.read_parquet(prepared_run / "prepared" / "test.parquet"))
         for name, accs in sklearn_accuracies(prepared_run / "prepared").items():
             rows.append({"contender": name, "accuracies": accs})
             print(f"{name}: {accs}", flush=True)
     payload = {"rows": rows, "test_rows": test_rows, "config": "conf/local.yaml",
-               "model": dataclasses.asdict(config.train.model), "epochs": config.train.epochs}
-    lines = [f"# Test accuracy on digits: the default config against scikit-learn, same split ({test_rows} test rows)",
-             "", "| contender | test accuracy | runs |", "| --- | --- | --- |"]
+               "model": dataclasses.asdict(config.train.model), "epochs": config.train.epochs,
+               "tokens_config": "conf/digits_tokens.yaml", "same_split": same_split}
+    split = "same split" if same_split else "NOT the same split (see same_split)"
+    lines = [f"# Test accuracy on digits: the default config and the transformer against scikit-learn, {split} "
+             f"({test_rows} test rows)", "", "| contender | test accuracy | runs |", "| --- | --- | --- |"]
     for r in rows:
         accs = r["accuracies"]
         shown = f"{accs[0]:.4f}" if len(accs) == 1 else f"{min(accs):.4f} to {max(accs):.4f} (mean {np.mean(accs):.4f})"

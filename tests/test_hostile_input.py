@@ -46,7 +46,27 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     negative_weight = frame(w=np.ones(40))
     negative_weight.loc[[4, 9], "w"] = -0.5
     base = ["--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1"]
+    tokens = parquet("tokens", pd.DataFrame({"seq": [[1, 2, 3], [4, 5, 16]] * 20, "city": [0, 3] * 20,
+                                             "label": [0, 1] * 20}))
+    ragged_tokens = parquet("ragged-tokens", pd.DataFrame({"seq": [[1, 2], [3, 4, 5]] * 20, "label": [0, 1] * 20}))
+    typed = ["data.standardize=false", "train.model.name=transformer"]
     table = [
+        ("token id outside the vocabulary", [f"data.source={tokens}", *typed,
+                                             "data.inputs=[{name: seq, kind: tokens, cardinality: 16}]"],
+         "data.inputs: inputs['seq']: token id 16 is outside the vocabulary of 16 (cardinality)"),
+        ("category beyond its cardinality", [f"data.source={tokens}", *typed, "train.model.name=embedding_mlp",
+                                             "data.inputs=[{name: city, kind: categorical, cardinality: 3}]"],
+         "inputs['city']: category 3 was not seen by its cardinality=3"),
+        ("ragged token arrays", [f"data.source={ragged_tokens}", *typed, "data.inputs=[{name: seq, kind: tokens}]"],
+         "inputs['seq']: arrays of ragged length (2 to 3 values)"),
+        ("typed inputs with standardization", [f"data.source={tokens}", "train.model.name=transformer",
+                                               "data.inputs=[{name: seq, kind: tokens}]"],
+         "data.inputs with data.standardize=true: those apply to one feature matrix"),
+        ("an input with an unknown key", [f"data.source={tokens}", *typed, "data.inputs=[{name: seq, vocab: 3}]"],
+         "data.inputs: inputs[0] has unknown key(s) ['vocab']"),
+        ("mlp over typed inputs", [f"data.source={tokens}", *typed, "train.model.name=mlp",
+                                   "data.inputs=[{name: seq, kind: tokens}]"],
+         "model.name='mlp' reads one float feature matrix, but typed inputs were given"),
         ("negative row weights", [f"data.source={parquet('negw', negative_weight)}", "data.weight=w"],
          "data.weight='w': 2 rows have a null, NaN, infinite or negative weight"),
         ("missing weight column", [f"data.source={good}", "data.weight=w"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -30,6 +32,11 @@ def token_table(rows: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame({"seq": [s.astype(np.int64) for s in seqs], "label": [int(5 in s) for s in seqs]})
 
 
+def weighted_shop(rows: int, seed: int) -> pd.DataFrame:
+    """shop_table with row weights 0 to 2 (a weight of 0: the row does not count)."""
+    return shop_table(rows, seed).assign(w=np.random.default_rng(seed).integers(0, 5, rows) * 0.5)
+
+
 def config(backend: str, model: ModelSpec, **extra) -> TrainConfig:
     settings = dict(num_workers=3, backend=backend, epochs=2, batch_size=24, seed=4, check_every=4,
                     optimizer="adam", lr=0.01, model=model, blocks="shuffle")
@@ -37,7 +44,7 @@ def config(backend: str, model: ModelSpec, **extra) -> TrainConfig:
 
 
 CASES = {
-    "embedding_mlp": (shop_table, SHOP_INPUTS, SHOP_LAYOUT, 3, ModelSpec(name="embedding_mlp", hidden=[8]), None, {}),
+    "embedding_mlp": (weighted_shop, SHOP_INPUTS, SHOP_LAYOUT, 3, ModelSpec(name="embedding_mlp", hidden=[8]), None, {}),
     # The transformer case also takes a custom loss (label smoothing and class weights, summed). It steps with
     # SGD: the gradient of attention's key bias is zero in exact arithmetic (softmax ignores a shift), so
     # both sides hold rounding noise there, which Adam's normalization turns into full-size steps.
@@ -54,7 +61,8 @@ def test_typed_inputs_train_like_the_single_process_reference(spark, backend, ca
     df = spark.createDataFrame(table(100, seed=5))
     cfg = config(backend, model, loss=loss, epochs=1 if backend == "spark" else 2, **optimizer)  # spark: ~1 s a step
     spec = resolve_inputs(df, inputs)
-    blocks, info = make_blocks(df, label="label", num_workers=3, seed=1, inputs=spec)
+    weight = "w" if "w" in df.columns else None  # a custom loss (the transformer case) takes no row weights
+    blocks, info = make_blocks(df, label="label", num_workers=3, seed=1, inputs=spec, weight=weight)
     result = train_blocks(spark, blocks, info, cfg)
     described = [(i.name, i.kind, i.width, i.cardinality, i.pad) for i in result.inputs.inputs]
     reference = reference_train(collect_typed_blocks(blocks, 3, layout), cfg, classes, described)
@@ -157,3 +165,69 @@ def test_models_and_inputs_that_do_not_fit_are_refused_before_launch(spark):
     with pytest.raises(ValueError, match=r"the label column 'label' is also read by inputs\['all'\]"):
         train(spark, shop, config("torch_gloo", ModelSpec(name="embedding_mlp")), label="label",
               inputs=[{"name": "all", "columns": ["price", "label"]}])
+
+
+def test_the_digits_tokens_config_runs_evaluates_and_predicts(spark, tmp_path):
+    """conf/digits_tokens.yaml (one epoch): prepare measures the inputs, training and evaluation read them, and
+    `blocksync predict` scores raw digits rows exactly as a hand-built dict of int64 pixels through the network."""
+    import torch
+
+    from blocksync import load_model
+    from blocksync.pipeline.datasets import digits_frame
+    from blocksync.pipeline.predict import score_new_data
+    from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.stages import run
+
+    config = load_config("conf/digits_tokens.yaml", [f"output_dir={tmp_path / 'run'}", "progress=false",
+                                                      "train.epochs=1", "train.backend=torch_gloo"])
+    metrics = run(spark, config)
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0
+    prepared = json.loads((tmp_path / "run" / "prepared" / "prepare.json").read_text())
+    assert prepared["inputs"] == [{"name": "pixels", "kind": "tokens", "columns": "pixel_*", "cardinality": 17,
+                                   "pad": None, "width": 64}]
+    raw = digits_frame(spark).limit(50)
+    scored = score_new_data(spark, str(tmp_path / "run"), raw, trust_custom_code=False).toPandas()
+    pixels = torch.tensor(scored[[f"pixel_{i}" for i in range(64)]].to_numpy().astype(np.int64))
+    module = load_model(tmp_path / "run").module
+    with torch.no_grad():
+        expected = module({"pixels": pixels}).argmax(1).numpy()
+    assert (scored["prediction"].to_numpy() == expected).all()
+    unseen = raw.withColumn("pixel_5", raw["pixel_5"] + 17)
+    with pytest.raises(ValueError, match=r"inputs\['pixels'\]: token id \d+ is outside the vocabulary of 17"):
+        score_new_data(spark, str(tmp_path / "run"), unseen)
+
+
+def test_the_estimator_takes_the_same_input_specs(spark, tmp_path):
+    """A Pipeline indexes a string column, the estimator trains on typed inputs bit for bit like `train`, the
+    fitted pipeline saves, loads and scores like the network on a hand-built dict, and refuses a new city."""
+    import torch
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import StringIndexer
+
+    from blocksync.ml import BlockSyncClassifier
+
+    pdf = shop_table(120, seed=6)
+    pdf["city"] = np.array(["oslo", "rome", "lima", "kyiv"])[pdf["store"] % 4]
+    df = spark.createDataFrame(pdf)
+    inputs = [{"name": "city_code", "kind": "categorical"}, *SHOP_INPUTS]
+    cfg = config("torch_gloo", ModelSpec(name="embedding_mlp", hidden=[8]), num_workers=2, blocks="auto")
+    indexed = StringIndexer(inputCol="city", outputCol="city_code").fit(df)
+    expected = train(spark, indexed.transform(df), cfg, label="label", inputs=inputs).model.state_dict()
+    estimator = BlockSyncClassifier(numWorkers=2, backend="torch_gloo", epochs=2, batchSize=24, seed=4, checkEvery=4,
+                                    optimizer="adam", lr=0.01, model={"name": "embedding_mlp", "hidden": [8]},
+                                    inputs=inputs)
+    fitted = Pipeline(stages=[StringIndexer(inputCol="city", outputCol="city_code"), estimator]).fit(df)
+    got = fitted.stages[-1].torchModule().state_dict()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    fitted.write().save(str(tmp_path / "pipeline"))
+    scored = PipelineModel.load(str(tmp_path / "pipeline")).transform(df).toPandas()
+    parts = {"city_code": torch.tensor(scored["city_code"].to_numpy().astype(np.int64)),
+             "store": torch.tensor(scored["store"].to_numpy()), "weekday": torch.tensor(scored["weekday"].to_numpy()),
+             "num": torch.tensor(scored[["price", "discount"]].to_numpy().astype(np.float32))}
+    with torch.no_grad():
+        logits = fitted.stages[-1].torchModule()(parts).double().numpy()
+    assert np.allclose(np.stack(scored["rawPrediction"].map(lambda v: v.toArray())), logits, atol=1e-6)
+    assert (scored["prediction"].to_numpy() == logits.argmax(1)).all()
+    new_store = spark.createDataFrame(pdf.assign(store=pdf["store"] + 100))
+    with pytest.raises(ValueError, match=r"inputs\['store'\]: category \d+ was not seen in training"):
+        fitted.transform(new_store)

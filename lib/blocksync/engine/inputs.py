@@ -170,3 +170,20 @@ def with_measured(item: Input, width: int, largest: int | None) -> Input:
         return replace(item, width=width)
     cardinality = item.cardinality if item.cardinality is not None else (largest or 0) + 1
     return replace(item, width=width, cardinality=int(cardinality))
+
+
+def inputs_of(meta: dict[str, Any]) -> InputSpec | None:
+    """The typed inputs a saved model's metadata records (`inputs`), or None for one feature matrix."""
+    return InputSpec.from_dicts(meta["inputs"]) if meta.get("inputs") else None
+
+
+def network_input(spec: InputSpec | None, floats: np.ndarray, ids: np.ndarray | None = None
+                  ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """What the network takes for rows of packed values (`input_columns.packed_columns`): the float matrix,
+    or with typed inputs the dict built from it and the int64 id matrix."""
+    x = torch.from_numpy(np.ascontiguousarray(floats, dtype=np.float32))
+    if spec is None:
+        return x
+    if ids is None:
+        ids = np.zeros((x.shape[0], 0), np.int64)
+    return spec.model_input(x, torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))

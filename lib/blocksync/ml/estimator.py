@@ -97,9 +97,10 @@ class _BlockSyncEstimator(Estimator, TrainParams, DefaultParamsReadable, Default
         with SLOT_GATE.hold(config.num_workers, task_slots(spark)):
             result = train(spark, dataset, config, features=self.features_spec(), label=self.getLabelCol(),
                            progress=self.getOrDefault("progress"), validation=self.validation_column(),
-                           weight=self.weight_column())
+                           weight=self.weight_column(), inputs=self.getOrDefault("inputs"))
         weights = state_bytes(result.model)
         meta = {"model": asdict(config.model), "num_features": result.num_features,
+                "inputs": result.inputs.to_dicts() if result.inputs else None,
                 "num_outputs": result.num_outputs, "task": self.task, "history": result.history,
                 "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, int | float | str)}}
         return self._copyValues(self.model_class(weights, meta))

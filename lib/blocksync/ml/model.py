@@ -10,7 +10,9 @@ Scoring runs through `pyspark.ml.functions.predict_batch_udf`: each Python
 worker builds the network from the safetensors weights once (Spark's model
 cache) and scores `scoreBatchSize` rows per call, with as many torch threads as
 `spark.task.cpus`. A row whose features are not `numFeatures` wide fails the
-job with a message naming `featuresCol` and both widths.
+job with a message naming `featuresCol` and both widths. A model fitted with typed `inputs` scores
+the same input columns: `transform` first checks their ids on the driver (one aggregate), so a
+category unseen in training is a one-line ValueError, then packs them as training did.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pyspark.sql import types as T
 
 from blocksync.engine.blocks import features_column
 from blocksync.engine.config import ModelSpec
+from blocksync.engine.input_columns import check_ids, packed_columns
+from blocksync.engine.inputs import inputs_of, network_input
 from blocksync.engine.models import module_from_bytes
 from blocksync.ml.params import TrainParams
 from blocksync.ml.persistence import ModelReader, ModelWriter
@@ -41,7 +45,8 @@ SCORED = "__blocksync_scored"
 
 def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
     """The network `meta` describes, with `weights` (safetensors bytes) loaded, in eval mode."""
-    return module_from_bytes(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]), weights)
+    return module_from_bytes(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]), weights,
+                             inputs_of(meta))
 
 
 def _make_predict(meta: dict[str, Any], weights: bytes,
@@ -54,11 +59,14 @@ def _make_predict(meta: dict[str, Any], weights: bytes,
     torch.set_num_threads(max(1, int(context.cpus())) if context is not None else 1)
     module = build_module(meta, weights)
     classification = meta["task"] == "classification"
+    spec = inputs_of(meta)
 
-    def predict(features: np.ndarray) -> dict[str, np.ndarray]:
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    def predict(*arrays: np.ndarray) -> dict[str, np.ndarray]:
+        # Typed inputs arrive as (floats, ids), either left out when its width is 0 (see `_features`).
+        floats = arrays[0] if spec is None or spec.float_width else np.zeros((len(arrays[0]), 0), np.float32)
+        ids = arrays[-1] if spec is not None and spec.id_width else None
         with torch.no_grad():
-            out = module(x).double()
+            out = module(network_input(spec, floats, ids)).double()
         if not classification:
             return {"prediction": out.squeeze(-1).numpy()}
         every = {"prediction": lambda: out.argmax(dim=1).double().numpy(), "raw": out.numpy,
@@ -105,7 +113,18 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
         """Output Param value -> (the scorer's field, how that field becomes the column)."""
         return {self.getPredictionCol(): ("prediction", lambda c: c)}
 
-    def _features(self, dataset: DataFrame) -> Column:
+    def _features(self, dataset: DataFrame) -> tuple[list[Column], list[list[int]]]:
+        """The scorer's input columns and their shapes: the features, or with typed inputs their packed floats
+        and ids (each only when not empty), after a driver-side check of the ids (`check_ids`)."""
+        spec = inputs_of(self._meta)
+        if spec is None:
+            return [self._feature_matrix(dataset)], [[self.numFeatures]]
+        check_ids(dataset, spec)
+        floats, ids = packed_columns(dataset, spec)
+        parts = [(floats, spec.float_width), (ids, spec.id_width)]
+        return [c for c, width in parts if width], [[width] for _, width in parts if width]
+
+    def _feature_matrix(self, dataset: DataFrame) -> Column:
         x = features_column(dataset, self.features_spec())
         width = self.numFeatures
         where = "featuresCols" if self.isSet("featuresCols") else f"featuresCol {self.getFeaturesCol()!r}"
@@ -124,10 +143,11 @@ class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
         fields = tuple(dict.fromkeys(["prediction", *(field for field, _ in outputs.values())]))
         schema = T.StructType([T.StructField(f, T.DoubleType() if f == "prediction" else T.ArrayType(T.DoubleType()))
                                for f in fields])
+        columns_in, shapes = self._features(dataset)
         scorer = predict_batch_udf(partial(_make_predict, self._meta, self._weights, fields), return_type=schema,
                                    batch_size=self.getOrDefault("scoreBatchSize"),
-                                   input_tensor_shapes=[[self.numFeatures]])
-        scored = dataset.withColumn(SCORED, scorer(self._features(dataset)))
+                                   input_tensor_shapes=shapes)  # type: ignore[arg-type]
+        scored = dataset.withColumn(SCORED, scorer(*columns_in))
         columns = [F.col(c) for c in dataset.columns]
         columns += [how(F.col(f"{SCORED}.{field}")).alias(col) for col, (field, how) in outputs.items()]
         return scored.select(*columns)

@@ -10,7 +10,7 @@ Spark job.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -33,6 +33,15 @@ def _dict_of(kind: type) -> Any:
         return dict(value)
 
     return convert
+
+
+def _inputs_list(value: Any) -> list[dict[str, Any]]:
+    """Typed input specs as plain dicts (what Spark ML's JSON persistence stores), checked."""
+    from blocksync.engine.inputs import Input, parse_inputs
+
+    items = [asdict(i) if isinstance(i, Input) else i for i in value]
+    parse_inputs([{k: v for k, v in i.items() if k != "width"} if isinstance(i, dict) else i for i in items])
+    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in i.items() if k != "width"} for i in items]
 
 
 def _optional(convert: Any) -> Any:
@@ -98,10 +107,16 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIn
     )
     progress: Param[str] = Param(Params._dummy(), "progress", "off, log (a line per epoch) or bar (tqdm)",
                                  typeConverter=TypeConverters.toString)
+    inputs: Param[list[dict[str, Any]] | None] = Param(
+        Params._dummy(), "inputs", "typed inputs instead of featuresCol(s): [{'name': ..., 'kind': 'numeric' | "
+        "'tokens' | 'categorical', 'columns': ..., 'cardinality': ..., 'pad': ...}]; the model gets a dict by name",
+        typeConverter=_optional(_inputs_list),
+    )
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", progress="off")
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", progress="off",
+                         inputs=None)
         self._setDefault(**{name: _default(key) for name, (key, _, _) in TRAIN_PARAMS.items()})
 
     def setFeaturesCol(self, value: str) -> TrainParams:
@@ -115,6 +130,9 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIn
 
     def setPredictionCol(self, value: str) -> TrainParams:
         return self._set(predictionCol=value)
+
+    def setInputs(self, value: list[dict[str, Any]]) -> TrainParams:
+        return self._set(inputs=value)
 
     def setWeightCol(self, value: str) -> TrainParams:
         return self._set(weightCol=value)

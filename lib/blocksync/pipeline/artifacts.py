@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from blocksync.engine.config import ModelSpec
+from blocksync.engine.inputs import inputs_of, network_input
 from blocksync.engine.models import build_model, is_custom
 
 WEIGHTS = "model.safetensors"
@@ -81,10 +82,11 @@ class SavedModel:
         std = np.asarray(self.meta["std"], dtype=np.float64)
         return ((x.astype(np.float64) - mean) / std).astype(np.float32)
 
-    def outputs(self, prepared_features: np.ndarray) -> np.ndarray:
-        """Network outputs (class probabilities, or the regression value) for already-standardized rows."""
+    def outputs(self, prepared_features: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """Network outputs (class probabilities, or the regression value) for already-standardized rows; with
+        typed inputs, rows of their packed values (`input_columns.packed_columns`: floats and int64 ids)."""
         with torch.no_grad():
-            out = self.module(torch.from_numpy(np.ascontiguousarray(prepared_features, dtype=np.float32)))
+            out = self.module(network_input(inputs_of(self.meta), prepared_features, ids))
             if self.task == "classification":
                 return torch.softmax(out, dim=1).numpy().astype(np.float64)
             return out.squeeze(-1).numpy().astype(np.float64)
@@ -101,7 +103,7 @@ def model_meta(spec: ModelSpec, num_features: int, num_outputs: int, prepared: d
         "model": asdict(spec),
         "num_features": num_features,
         "num_outputs": num_outputs,
-        **{k: prepared.get(k) for k in ("task", "feature_columns", "label_column", "labels", "mean", "std")},
+        **{k: prepared.get(k) for k in ("task", "feature_columns", "label_column", "labels", "mean", "std", "inputs")},
     }
 
 
@@ -127,7 +129,7 @@ def load_model(path: str | Path, *, trust_custom_code: bool = False) -> SavedMod
             f"{directory / META} names a custom network {spec.name!r}: loading it imports and runs that code. "
             "If you trust this model directory, call load_model(path, trust_custom_code=True)."
         )
-    module = build_model(spec, int(meta["num_features"]), int(meta["num_outputs"]))
+    module = build_model(spec, int(meta["num_features"]), int(meta["num_outputs"]), inputs_of(meta))
     state = load_file(str(directory / WEIGHTS))
     try:
         module.load_state_dict(state)

@@ -19,30 +19,41 @@ from pyspark.sql import functions as F
 
 from blocksync.engine.blocks import FEATURES, LABEL
 from blocksync.engine.config import ModelSpec
+from blocksync.engine.input_columns import check_ids, packed_columns
+from blocksync.engine.inputs import IDS, inputs_of
 from blocksync.engine.launcher import is_connect
 from blocksync.engine.models import state_bytes
 from blocksync.pipeline.artifacts import SavedModel
 
 
 def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
-    """`df` (features, label) plus `prediction` and, for classification, `probability` (array<double>)."""
+    """`df` (features, label) plus `prediction` and, for classification, `probability` (array<double>).
+    With typed inputs, `df` holds their source columns: their ids are checked against the trained
+    cardinalities first (an unseen category is an error), then packed as in training."""
     meta = saved.meta
+    spec = inputs_of(meta)
+    columns = [F.col(FEATURES)]
+    if spec is not None:
+        check_ids(df, spec)
+        columns = list(packed_columns(df, spec))
     blob = state_bytes(saved.module)
     holder: Any = None if is_connect(spark) else spark.sparkContext.broadcast(blob)
     classification = saved.task == "classification"
 
     def scorer(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from blocksync.engine.inputs import inputs_of
         from blocksync.engine.models import module_from_bytes
         from blocksync.pipeline.artifacts import SavedModel
 
         module = module_from_bytes(ModelSpec(**meta["model"]), int(meta["num_features"]), int(meta["num_outputs"]),
-                                   holder.value if holder is not None else blob)
+                                   holder.value if holder is not None else blob, inputs_of(meta))
         model = SavedModel(module=module, meta=meta)
         for frame in frames:
             if frame.empty:
                 continue
-            x = np.stack(frame[FEATURES].to_numpy()).astype(np.float32)
-            out = model.outputs(x)
+            x = np.stack(frame[FEATURES].to_numpy()).astype(np.float32).reshape(len(frame), -1)
+            ids = np.stack(frame[IDS].to_numpy()).astype(np.int64).reshape(len(frame), -1) if IDS in frame else None
+            out = model.outputs(x, ids)
             result = pd.DataFrame({LABEL: frame[LABEL].to_numpy(dtype=np.float64)})
             if classification:
                 result["prediction"] = out.argmax(axis=1).astype(np.float64)
@@ -52,7 +63,8 @@ def score(spark: SparkSession, df: DataFrame, saved: SavedModel) -> DataFrame:
             yield result
 
     schema = f"{LABEL} double, prediction double" + (", probability array<double>" if classification else "")
-    return df.select(FEATURES, LABEL).mapInPandas(scorer, schema)
+    packed = [c.alias(name) for c, name in zip(columns, (FEATURES, IDS), strict=False)]
+    return df.select(*packed, F.col(LABEL)).mapInPandas(scorer, schema)
 
 
 def metrics(scored: DataFrame, task: str) -> dict[str, float]:

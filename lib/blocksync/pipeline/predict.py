@@ -41,8 +41,8 @@ def run_model(directory: Path, *, trust_custom_code: bool) -> tuple[BlockSyncMod
     folder = directory / "model" if (directory / "model" / META).is_file() else directory
     meta = saved.meta
     cls = BlockSyncClassificationModel if meta["task"] == "classification" else BlockSyncRegressionModel
-    model = cls((folder / WEIGHTS).read_bytes(), {k: meta[k] for k in ("model", "num_features", "num_outputs",
-                                                                       "task")})
+    model = cls((folder / WEIGHTS).read_bytes(), {k: meta.get(k) for k in ("model", "num_features", "num_outputs",
+                                                                           "task", "inputs")})
     model.setFeaturesCol(PREPARED)
     if isinstance(model, BlockSyncClassificationModel):
         model._set(rawPredictionCol="")  # predict writes prediction and probability only
@@ -70,7 +70,10 @@ def score_new_data(spark: SparkSession, model_path: str, df: DataFrame, *, trust
     directory = Path(model_path)
     if (directory / META).is_file() or (directory / "model" / META).is_file():
         model, meta = run_model(directory, trust_custom_code=trust_custom_code)
-        scored = model.transform(df.withColumn(PREPARED, _run_features(df, meta))).drop(PREPARED)
+        if meta.get("inputs"):  # typed inputs: transform reads their own columns
+            scored = model.transform(df)
+        else:
+            scored = model.transform(df.withColumn(PREPARED, _run_features(df, meta))).drop(PREPARED)
         scored = scored.withColumn("prediction", _original_labels(F.col("prediction"), meta.get("labels")))
     else:
         scored = _spark_ml_model(spark, model_path).transform(df)

@@ -25,9 +25,12 @@ from blocksync.engine.blocks import (
     WEIGHT,
     bad_weight_flag,
     check_label_not_a_feature,
+    check_label_not_an_input,
     features_column,
     weight_column,
 )
+from blocksync.engine.input_columns import resolve_inputs
+from blocksync.engine.inputs import source_columns
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import load_source
 
@@ -140,13 +143,12 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
     data, task = config.data, config.train.task
     raw = load_source(spark, data, task)
     labels = label_mapping(raw, data.label, task, data.source)
+    if data.inputs is not None:
+        return prepare_typed(raw, config, run_dir, labels)
     feature_cols = resolve_feature_columns(raw, data.features, data.label, data.weight)
     check_label_not_a_feature(feature_cols, data.label)
     weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
-    if labels is None:
-        label = F.col(data.label).cast("double")
-    else:
-        label = (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(data.label)) - 1).cast("double")
+    label = label_index(data.label, labels)
     assembled = raw.select(features_column(raw, feature_cols).alias(FEATURES), label.alias(LABEL), *weights)
     assembled, dropped, kept = screen_invalid_rows(assembled, data.invalid_rows)
     if not kept:
@@ -178,5 +180,37 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         "rows": counts,
         "dropped_invalid_rows": dropped,
     }
+    (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
+    return meta
+
+
+def label_index(label: str, labels: list[Any] | None) -> Column:
+    """The label as a double: the class's index in `labels` (classification), or the value (regression)."""
+    if labels is None:
+        return F.col(label).cast("double")
+    return (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(label)) - 1).cast("double")
+
+
+def prepare_typed(raw: DataFrame, config: RunConfig, run_dir: Path, labels: list[Any] | None) -> dict[str, Any]:
+    """`data.inputs`: the inputs are checked and their cardinalities measured over all rows (so a category
+    the test split holds is known); the split keeps their source columns as they are, with `label`."""
+    data = config.data
+    try:
+        spec = resolve_inputs(raw, data.inputs or [])
+    except ValueError as err:
+        raise ValueError(f"data.inputs: {err}") from err
+    check_label_not_an_input(raw, spec, data.label)
+    sources = list(dict.fromkeys(c for item in spec.inputs for c in source_columns(item, raw.columns)))
+    weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
+    table = raw.select(*sources, label_index(data.label, labels).alias(LABEL), *weights)
+    train, test = table.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
+    out = run_dir / "prepared"
+    train.write.mode("overwrite").parquet(str(out / "train.parquet"))
+    test.write.mode("overwrite").parquet(str(out / "test.parquet"))
+    spark = raw.sparkSession
+    counts = {name: spark.read.parquet(str(out / f"{name}.parquet")).count() for name in ("train", "test")}
+    meta = {"source": data.source, "task": config.train.task, "feature_columns": None, "inputs": spec.to_dicts(),
+            "label_column": data.label, "weight_column": data.weight, "labels": labels, "mean": None, "std": None,
+            "rows": counts, "dropped_invalid_rows": 0}
     (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
     return meta

@@ -71,6 +71,11 @@ class DataSettings:
     """How to read `source`; auto: by extension (.csv, else Parquet) when it is a path, else a table."""
     features: list[str] | str | None = None
     """Feature columns (a list, or one array/vector column); null: every column except the label."""
+    inputs: list[dict[str, Any]] | None = None
+    """Typed inputs instead of `features`: a list of {name, kind (numeric, tokens or categorical), columns
+    (a list or a glob; default: the column called name), cardinality, pad}; the model receives a dict
+    of tensors by name (README "Inputs, models and losses"). Cardinalities left unset are measured in
+    prepare over all rows; not standardized (set standardize: false)."""
     label: str = "label"
     """Label column: class names or indices (classification), or a number (regression)."""
     weight: str | None = None
@@ -91,6 +96,23 @@ class DataSettings:
             raise ValueError(f"data.test_fraction={self.test_fraction} must be in (0, 1).")
         if not self.source:
             raise ValueError("data.source is empty; use digits, synthetic, a path or a table name.")
+        if self.inputs is not None:
+            self._check_inputs()
+
+    def _check_inputs(self) -> None:
+        from blocksync.engine.inputs import parse_inputs
+
+        try:
+            parse_inputs(self.inputs or [])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"data.inputs: {err}") from err
+        clash = [name for name, on in (("data.features", self.features is not None),
+                                       ("data.standardize=true", self.standardize),
+                                       ("data.invalid_rows=drop", self.invalid_rows == "drop")) if on]
+        if clash:
+            raise ValueError(f"data.inputs with {' and '.join(clash)}: those apply to one feature matrix; with typed "
+                             "inputs unset data.features, set data.standardize=false and data.invalid_rows=fail "
+                             "(a null in an input is an error).")
 
 
 @dataclass(kw_only=True)

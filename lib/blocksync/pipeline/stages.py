@@ -23,6 +23,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from blocksync.engine.inputs import InputSpec
 from blocksync.engine.launcher import TrainResult, train, train_files
 from blocksync.engine.losses import import_loss
 from blocksync.engine.models import check_importable
@@ -75,6 +76,9 @@ def check_settings(config: RunConfig, *, overwrite: bool) -> None:
     check_output_dir(Path(config.output_dir), overwrite=overwrite)
     check_checkpoint_dir(config.train.checkpoint.dir)
     check_importable(config.train.model)
+    if config.data.inputs is not None and config.train.blocks == "files":
+        raise ValueError("data.inputs with train.blocks=files: typed inputs are cut into blocks by Spark; set "
+                         "train.blocks=shuffle (or auto).")
     if config.train.loss:
         import_loss(config.train.loss)
 
@@ -135,7 +139,10 @@ def train_stage(
     progress = "bar" if config.progress else "log"
     train_path = str(prepared / "train.parquet")
     weight = "weight" if prep_meta.get("weight_column") else None  # prepare's name for data.weight
-    if config.train.blocks == "files":
+    if prep_meta.get("inputs"):  # measured by prepare: training checks the split against those cardinalities
+        result = train(spark, spark.read.parquet(train_path), config.train, label="label", progress=progress,
+                       weight=weight, inputs=InputSpec.from_dicts(prep_meta["inputs"]).inputs)
+    elif config.train.blocks == "files":
         result = train_files(spark, train_path, config.train, features="features", label="label", progress=progress,
                              weight=weight)
     else:
@@ -144,7 +151,8 @@ def train_stage(
     stage = _Staging(run_dir, "train")
     with stage as tmp:
         save_model(tmp / "model", result.model,
-                   model_meta(config.train.model, result.num_features, result.num_outputs, prep_meta))
+                   model_meta(config.train.model, result.num_features, result.num_outputs,
+                              {**prep_meta, "inputs": result.inputs.to_dicts() if result.inputs else None}))
         write_history(tmp / "history.jsonl", result.history)
         steps = steps_frame(result.rank_summaries)
         steps.to_parquet(tmp / "steps.parquet", index=False)
