@@ -44,7 +44,8 @@ def config(backend: str, model: ModelSpec, **extra) -> TrainConfig:
 
 
 CASES = {
-    "embedding_mlp": (weighted_shop, SHOP_INPUTS, SHOP_LAYOUT, 3, ModelSpec(name="embedding_mlp", hidden=[8]), None, {}),
+    "embedding_mlp": (weighted_shop, SHOP_INPUTS, SHOP_LAYOUT, 3, ModelSpec(name="embedding_mlp", hidden=[8]),
+                      None, {}),
     # The transformer case also takes a custom loss (label smoothing and class weights, summed). It steps with
     # SGD: the gradient of attention's key bias is zero in exact arithmetic (softmax ignores a shift), so
     # both sides hold rounding noise there, which Adam's normalization turns into full-size steps.
