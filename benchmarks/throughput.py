@@ -17,6 +17,11 @@ The job: blocksync's `mlp` (128 -> 256 -> 256 -> 2), Adam, a global batch of
 
 Reported: samples/s at steady state and blocksync / baseline. The target
 (issue #7) is 2 workers on 2 cores at >= 0.85x the 2-thread loop.
+
+`torch_gloo, disk`: the same runs with train.block_storage=disk (default 256 MiB budget), alternating
+with the memory runs, for issue #15's target (disk >= 0.9x memory on data that fits). At N=4 a block
+is 130 MiB and stays mapped (within the budget); at N=2 it is 260 MiB, over the budget, so steps read
+through remapped windows.
 """
 
 from __future__ import annotations
@@ -40,18 +45,23 @@ BACKENDS = ["horovod", "torch_gloo"]
 REPETITIONS = 3
 
 
-def config(workers: int, backend: str):
+DISK = "torch_gloo, disk"
+DISK_WORKERS = [2, 4]
+
+
+def config(workers: int, backend: str, storage: str = "memory"):
     from blocksync import ModelSpec, TrainConfig
 
     return TrainConfig(num_workers=workers, backend=backend, epochs=1, batch_size=BATCH, optimizer="adam",
-                       lr=1e-3, seed=0, threads_per_worker=1,
+                       lr=1e-3, seed=0, threads_per_worker=1, block_storage=storage,
                        model=ModelSpec(name="mlp", hidden=HIDDEN))
 
 
-def blocksync_run(spark, blocks, info, workers: int, backend: str) -> dict:
+def blocksync_run(spark, blocks, info, workers: int, contender: str) -> dict:
     from blocksync import train_blocks
 
-    result = train_blocks(spark, blocks, info, config(workers, backend))
+    backend, _, storage = contender.partition(", ")
+    result = train_blocks(spark, blocks, info, config(workers, backend, storage or "memory"))
     period = steady_step_seconds(result, WARMUP)
     m = result.metrics
     return {"samples_per_sec": BATCH / period, "step_ms": 1e3 * period,
@@ -92,6 +102,7 @@ def run(spark) -> dict:
         print(f"blocks for {n} worker(s): {time.perf_counter() - t0:.1f} s", flush=True)
     contenders = [("baseline", n) for n in WORKER_COUNTS]
     contenders += [(b, n) for n in WORKER_COUNTS for b in BACKENDS if not (n == 1 and b != "horovod")]
+    contenders += [(DISK, n) for n in DISK_WORKERS]
     samples: dict[tuple[str, int], list[dict]] = {c: [] for c in contenders}
     try:
         for rep in range(REPETITIONS):
@@ -119,6 +130,10 @@ def run(spark) -> dict:
             row.update(startup_seconds=median([o["startup_seconds"] for o in outs]),
                        sync_fraction=median([o["sync_fraction"] for o in outs]), startup_phases=phases)
         rows.append(row)
+    for n in DISK_WORKERS:
+        disk = median([o["samples_per_sec"] for o in samples[(DISK, n)]])
+        memory = median([o["samples_per_sec"] for o in samples[("torch_gloo", n)]])
+        rows.append({"contender": "disk / memory (torch_gloo)", "workers": n, "ratio": disk / memory})
     payload = {"rows": rows, "model": f"mlp {HIDDEN}", "global_batch": BATCH, "rows_per_epoch": data.rows,
                "features": data.features,
                "method": f"median over {REPETITIONS} alternating repetitions of the median step period after "
@@ -138,11 +153,16 @@ def _markdown(p: dict) -> str:
              "| contender | N | samples/s | step | x baseline | Spark start-up | launch to first step | sync share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["rows"]:
+        if "ratio" in r:
+            continue
         startup = f"{r['startup_seconds']:.1f} s" if "startup_seconds" in r else "-"
         first = f"{r['startup_phases']['launch_to_first_step_s']:.2f} s" if "startup_phases" in r else "-"
         sync = f"{100 * r['sync_fraction']:.0f}%" if "sync_fraction" in r else "-"
         lines.append(f"| {r['contender']} | {r['workers']} | {r['samples_per_sec']:,.0f} | {r['step_ms']:.1f} ms "
                      f"| {r['ratio_to_baseline']:.2f} | {startup} | {first} | {sync} |")
+    lines += ["", "block_storage=disk against memory (torch_gloo, same runs, alternating; medians):", "",
+              "| N | disk / memory samples/s |", "| --- | --- |"]
+    lines += [f"| {r['workers']} | {r['ratio']:.2f} |" for r in p["rows"] if "ratio" in r]
     lines += ["", "Start-up phases (medians, seconds; `metrics.json` `startup_phases`):", "",
               "| contender | N | " + " | ".join(STARTUP_PHASES) + " |",
               "| --- | --- |" + " --- |" * len(STARTUP_PHASES)]
@@ -155,6 +175,7 @@ def _markdown(p: dict) -> str:
 
 def _plot(rows: list[dict]) -> None:
     fig, ax = figure()
+    rows = [r for r in rows if "samples_per_sec" in r]
     names = sorted({r["contender"] for r in rows}, key=lambda c: (c != "baseline", c))
     width = 0.8 / len(names)
     for i, name in enumerate(names):

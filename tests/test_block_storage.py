@@ -28,14 +28,18 @@ def block_arrays(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray, n
     return rng.normal(size=(rows, features)).astype(np.float32), rng.integers(0, 3, rows).astype(np.float64)
 
 
-def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path):
+@pytest.mark.parametrize("budget", [2 * 4096, 2**20])
+def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path, budget):
+    """Windows of two pages (most steps read through several of them), and a budget the whole block fits in
+    (its files stay mapped); with typed inputs' int64 ids beside the features."""
     x, y = block_arrays(1000, 7)
-    writer = DiskBlockWriter(7, 1000, str(tmp_path))
+    ids = np.random.default_rng(2).integers(0, 2**40, size=(1000, 3))
+    writer = DiskBlockWriter(7, 1000, str(tmp_path), id_width=3)
     for lo in range(0, 1000, 128):  # as batches arrive
-        writer.append(x[lo:lo + 128], y[lo:lo + 128])
-    # Windows of two pages: most steps read through several of them.
-    disk = writer.finish(budget_bytes=2 * 4096, device=torch.device("cpu"))
-    memory = MemoryBlock(x.copy(), y.copy(), torch.device("cpu"))
+        writer.append(x[lo:lo + 128], y[lo:lo + 128], ids[lo:lo + 128])
+    disk = writer.finish(budget_bytes=budget, device=torch.device("cpu"))
+    assert (disk._kept is not None) == (budget > 1000 * (7 * 4 + 8 + 3 * 8))
+    memory = MemoryBlock(x.copy(), y.copy(), torch.device("cpu"), ids.copy())
     try:
         assert os.listdir(tmp_path) == []  # the files have no name
         order = torch.from_numpy(np.random.default_rng(1).permutation(1000))

@@ -95,14 +95,18 @@ def test_the_driver_measures_cardinalities_and_ids_stay_int64_end_to_end(spark):
     assert result.model.tables["store"].num_embeddings == result.inputs.inputs[0].cardinality
 
 
-def test_a_killed_worker_resumes_bitwise_and_disk_blocks_match_memory(spark, tmp_path):
-    df = spark.createDataFrame(shop_table(150, seed=8))
-    model = ModelSpec(name="embedding_mlp", hidden=[8])
-    clean = train(spark, df, config("torch_gloo", model, epochs=3), label="label", inputs=SHOP_INPUTS)
-    faulty = train(spark, df, config("torch_gloo", model, epochs=3, block_storage="disk", memory_budget_mb=1,
-                                     max_restarts=1, checkpoint={"dir": str(tmp_path / "ckpt"), "every_steps": 4},
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_killed_worker_resumes_bitwise_and_disk_blocks_match_memory(spark, tmp_path, case):
+    table, inputs, _, _, model, loss, optimizer = CASES[case]
+    df = spark.createDataFrame(table(150, seed=8))
+    weight = "w" if "w" in df.columns else None
+    clean = train(spark, df, config("torch_gloo", model, epochs=3, loss=loss, **optimizer), label="label",
+                  inputs=inputs, weight=weight)
+    faulty = train(spark, df, config("torch_gloo", model, epochs=3, loss=loss, **optimizer, block_storage="disk",
+                                     memory_budget_mb=1, max_restarts=1,
+                                     checkpoint={"dir": str(tmp_path / "ckpt"), "every_steps": 4},
                                      faults={"kill_rank": 1, "at_step": 10, "mode": "raise"}),
-                   label="label", inputs=SHOP_INPUTS)
+                   label="label", inputs=inputs, weight=weight)
     assert faulty.metrics["block_storage"] == "disk"
     assert [s["resumed_at"] for s in faulty.rank_summaries] == [8] * 3
     assert max_param_diff(clean.model, faulty.model) == 0.0

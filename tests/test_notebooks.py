@@ -73,6 +73,29 @@ def test_02_train_on_your_table(spark, tmp_path):
     assert len(ns["model"].meta["feature_columns"]) == 64
 
 
+def test_02_with_a_categorical_column(spark, tmp_path):
+    """The shop table (blocksync.pipeline.datasets.shop_table) with string stores and classes: the notebook
+    indexes the stores and trains an embedding per store and weekday; reading the codes as numbers cannot
+    learn the per-store effects (an MLP on them is the baseline)."""
+    from blocksync.pipeline.datasets import shop_table
+
+    pdf = shop_table(3000, seed=0)
+    pdf["store"] = "store-" + pdf["store"].astype(str)
+    pdf["level"] = pdf.pop("label").map({0: "low", 1: "usual", 2: "high"})
+    spark.createDataFrame(pdf).createOrReplaceTempView("notebook_shop")
+    widgets = {"table": "notebook_shop", "label": "level", "backend": "torch_gloo", "epochs": "12"}
+    ns = run_notebook("02_train_on_your_table.py", spark, {
+        **widgets, "categorical": "store, weekday", "output_dir": str(tmp_path / "shop")})
+    assert [(i["name"], i["kind"], i["cardinality"]) for i in ns["model"].meta["inputs"]] == [
+        ("store", "categorical", 40), ("weekday", "categorical", 7), ("numeric", "numeric", None)]
+    assert ns["model"].meta["inputs"][2]["columns"] == ["price", "discount"]
+    spark.createDataFrame(pdf.assign(store=pdf["store"].str.slice(6).astype(int))).createOrReplaceTempView(
+        "notebook_shop_codes")
+    baseline = run_notebook("02_train_on_your_table.py", spark, {
+        **widgets, "table": "notebook_shop_codes", "output_dir": str(tmp_path / "codes")})
+    assert ns["metrics"]["test_accuracy"] >= baseline["metrics"]["test_accuracy"] + 0.1
+
+
 def test_03_compression_and_monitoring(spark, tmp_path):
     ns = run_notebook("03_compression_and_monitoring.py", spark, {
         "output_root": str(tmp_path / "cmp"), "epochs": "3", "modes": "none,topk",

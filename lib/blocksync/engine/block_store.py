@@ -21,7 +21,9 @@ Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
 model, optimizer state and the batch, whatever the block's size; the data stays
 in the page cache between steps, as far as the worker's memory allows: the windows are read with
 MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
-readahead window of pages no step uses. Only the current batch goes to a GPU.
+readahead window of pages no step uses. A block within the budget is mapped once for the whole run
+instead, so after its first epoch a step reads mapped pages, as fast as `memory` (the throughput
+benchmark measures both). Only the current batch goes to a GPU.
 
 In `memory` mode a worker first checks its block against its cgroup's memory limit (`check_block_fits`):
 a container's limit kills a process without a Python error, so the worker refuses beforehand, naming both.
@@ -189,9 +191,11 @@ class DiskBlockWriter:
 
 
 class DiskBlock:
-    """The block in its two files; `take` copies rows out through read-only windows of at most the budget,
-    mapped one at a time and unmapped at once, so neither resident memory nor address space grows with the
-    block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
+    """The block in its files; `take` copies rows out through read-only mappings. A block whose files fit in
+    the budget together stays mapped for the run, one mapping per file: after the first epoch its pages are
+    mapped and a step costs what a memory block's does. A larger one is read through windows of at most the
+    budget, mapped one at a time and unmapped at once, so neither resident memory nor address space grows with
+    the block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
                  device: torch.device, target_columns: int = 1, id_width: int = 0) -> None:
@@ -199,6 +203,8 @@ class DiskBlock:
         self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
         self._window = max(budget_bytes, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
+        fits = sum(os.fstat(f.fileno()).st_size for f in files) <= budget_bytes
+        self._kept: dict[int, mmap.mmap] | None = {} if fits else None  # fileno -> the file's whole mapping
 
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
@@ -223,7 +229,16 @@ class DiskBlock:
         return torch.from_numpy(np.ascontiguousarray(targets[:, 1]))
 
     def _gather(self, f: IO[bytes], rows: np.ndarray, out: np.ndarray, width: int) -> None:
-        """out[i] = row rows[i] of `f`, reading the rows in file order through budget-sized windows."""
+        """out[i] = row rows[i] of `f`: from its kept mapping, or in file order through budget-sized windows."""
+        if self._kept is not None:
+            whole = self._kept.get(f.fileno())
+            if whole is None:
+                whole = self._kept[f.fileno()] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                whole.madvise(mmap.MADV_RANDOM)  # see below; pages once read stay mapped
+            view = np.frombuffer(whole, dtype=out.dtype, count=self.rows * width // out.itemsize)
+            out[...] = view.reshape(-1, *out.shape[1:])[rows]
+            del view  # the mapping cannot close while an array still points into it
+            return
         order = np.argsort(rows, kind="stable")
         ordered = rows[order]
         windows = (ordered * width) // self._window
@@ -241,6 +256,8 @@ class DiskBlock:
                 del view  # the window cannot close while an array still points into it
 
     def close(self) -> None:
+        for kept in (self._kept or {}).values():
+            kept.close()
         for f in self._files:
             f.close()
 
