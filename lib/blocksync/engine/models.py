@@ -156,18 +156,7 @@ def build_model(spec: ModelSpec, num_features: int, num_outputs: int, inputs: In
         return mlp(num_features, num_outputs, spec.hidden, spec.dropout)
     if spec.name == "cnn":
         return SmallCNN(num_features, num_outputs, spec.image_shape)
-    factory = _import_factory(spec.name)
-    try:
-        model = factory(num_features, num_outputs, **spec.options)
-    except Exception as err:  # the user's code: say what we called it with
-        raise ValueError(
-            f"model.name={spec.name!r}: calling it as factory({num_features}, {num_outputs}, **model.options) "
-            f"failed ({type(err).__name__}: {err}); a factory takes (num_features, num_outputs, **options) "
-            "and returns a torch.nn.Module."
-        ) from err
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model.name={spec.name!r} returned {type(model).__name__}, not a torch.nn.Module.")
-    return model
+    return _call_factory(spec, num_features, str(num_features), num_outputs, "(num_features, num_outputs, **options)")
 
 
 def _build_typed(spec: ModelSpec, inputs: InputSpec, num_outputs: int) -> nn.Module:
@@ -179,14 +168,19 @@ def _build_typed(spec: ModelSpec, inputs: InputSpec, num_outputs: int) -> nn.Mod
         raise ValueError(f"model.name={spec.name!r} reads one float feature matrix, but typed inputs were given; "
                          "use embedding_mlp, transformer or a factory 'package.module:factory(input_spec, "
                          "num_outputs)', or drop the inputs.")
+    takes = "(input_spec, num_outputs, **options) with typed inputs"
+    return _call_factory(spec, inputs, "input_spec", num_outputs, takes)
+
+
+def _call_factory(spec: ModelSpec, first: int | InputSpec, shown: str, num_outputs: int, takes: str) -> nn.Module:
+    """A user's `package.module:factory` called as factory(first, num_outputs, **options), checked."""
     factory = _import_factory(spec.name)
     try:
-        model = factory(inputs, num_outputs, **spec.options)
+        model = factory(first, num_outputs, **spec.options)
     except Exception as err:  # the user's code: say what we called it with
         raise ValueError(
-            f"model.name={spec.name!r}: calling it as factory(input_spec, {num_outputs}, **model.options) failed "
-            f"({type(err).__name__}: {err}); with typed inputs a factory takes (input_spec, num_outputs, **options) "
-            "and returns a torch.nn.Module."
+            f"model.name={spec.name!r}: calling it as factory({shown}, {num_outputs}, **model.options) failed "
+            f"({type(err).__name__}: {err}); a factory takes {takes} and returns a torch.nn.Module."
         ) from err
     if not isinstance(model, nn.Module):
         raise ValueError(f"model.name={spec.name!r} returned {type(model).__name__}, not a torch.nn.Module.")

@@ -50,7 +50,7 @@ def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
 
 
 def _make_predict(meta: dict[str, Any], weights: bytes,
-                  fields: tuple[str, ...]) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+                  fields: tuple[str, ...]) -> Callable[..., dict[str, np.ndarray]]:
     """Runs once per Python worker (predict_batch_udf caches it): the network, then its batch scorer,
     which returns `fields` only, of `prediction` (always), `raw` (the logits) and `probability`."""
     from pyspark import TaskContext
@@ -61,7 +61,7 @@ def _make_predict(meta: dict[str, Any], weights: bytes,
     classification = meta["task"] == "classification"
     spec = inputs_of(meta)
 
-    def predict(*arrays: np.ndarray) -> dict[str, np.ndarray]:
+    def scores(*arrays: np.ndarray) -> dict[str, np.ndarray]:
         # Typed inputs arrive as (floats, ids), either left out when its width is 0 (see `_features`).
         floats = arrays[0] if spec is None or spec.float_width else np.zeros((len(arrays[0]), 0), np.float32)
         ids = arrays[-1] if spec is not None and spec.id_width else None
@@ -72,6 +72,16 @@ def _make_predict(meta: dict[str, Any], weights: bytes,
         every = {"prediction": lambda: out.argmax(dim=1).double().numpy(), "raw": out.numpy,
                  "probability": lambda: torch.softmax(out, dim=1).numpy()}
         return {f: every[f]() for f in fields}
+
+    # predict_batch_udf passes one array per parameter it counts in the signature: name them.
+    if spec is not None and spec.float_width and spec.id_width:
+        def predict_pair(floats: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
+            return scores(floats, ids)
+
+        return predict_pair
+
+    def predict(values: np.ndarray) -> dict[str, np.ndarray]:
+        return scores(values)
 
     return predict
 
