@@ -28,17 +28,20 @@ def block_arrays(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray, n
     return rng.normal(size=(rows, features)).astype(np.float32), rng.integers(0, 3, rows).astype(np.float64)
 
 
-@pytest.mark.parametrize("budget", [2 * 4096, 2**20])
-def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path, budget):
-    """Windows of two pages (most steps read through several of them), and a budget the whole block fits in
-    (its files stay mapped); with typed inputs' int64 ids beside the features."""
+@pytest.mark.parametrize(("budget", "kept"), [(2 * 4096, 0), (40_000, 529), (2**20, 1000)])
+def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path, budget, kept):
+    """Windows of two pages only (most steps read through several of them); the first rows kept mapped and
+    the rest streamed; the whole block kept (within the budget). With typed inputs' int64 ids beside the
+    features: 60 bytes a row (7 x 4 + 8 + 3 x 8)."""
     x, y = block_arrays(1000, 7)
     ids = np.random.default_rng(2).integers(0, 2**40, size=(1000, 3))
     writer = DiskBlockWriter(7, 1000, str(tmp_path), id_width=3)
     for lo in range(0, 1000, 128):  # as batches arrive
         writer.append(x[lo:lo + 128], y[lo:lo + 128], ids[lo:lo + 128])
     disk = writer.finish(budget_bytes=budget, device=torch.device("cpu"))
-    assert (disk._kept is not None) == (budget > 1000 * (7 * 4 + 8 + 3 * 8))
+    # 40,000 bytes less the smallest window (two pages and a row: 8,252 bytes, above an eighth of the budget)
+    # keep 31,748 // 60 = 529 rows mapped.
+    assert disk.kept_rows == kept
     memory = MemoryBlock(x.copy(), y.copy(), torch.device("cpu"), ids.copy())
     try:
         assert os.listdir(tmp_path) == []  # the files have no name

@@ -21,9 +21,10 @@ Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
 model, optimizer state and the batch, whatever the block's size; the data stays
 in the page cache between steps, as far as the worker's memory allows: the windows are read with
 MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
-readahead window of pages no step uses. A block within the budget is mapped once for the whole run
-instead, so after its first epoch a step reads mapped pages, as fast as `memory` (the throughput
-benchmark measures both). Only the current batch goes to a GPU.
+readahead window of pages no step uses. The rows that fit in the budget less one window are mapped
+once for the whole run instead (`DiskBlock`; all of them for a block within the budget), so after the
+first epoch a step reads them from mapped pages, as fast as `memory` (the throughput benchmark measures
+both). Only the current batch goes to a GPU.
 
 In `memory` mode a worker first checks its block against its cgroup's memory limit (`check_block_fits`):
 a container's limit kills a process without a Python error, so the worker refuses beforehand, naming both.
@@ -191,20 +192,27 @@ class DiskBlockWriter:
 
 
 class DiskBlock:
-    """The block in its files; `take` copies rows out through read-only mappings. A block whose files fit in
-    the budget together stays mapped for the run, one mapping per file: after the first epoch its pages are
-    mapped and a step costs what a memory block's does. A larger one is read through windows of at most the
-    budget, mapped one at a time and unmapped at once, so neither resident memory nor address space grows with
-    the block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
+    """The block in its files; `take` copies rows out through read-only mappings, within the budget.
+
+    The first rows of the block, as many as fit in the budget less one streaming window (an eighth of the
+    budget), stay mapped for the run, one mapping per file: after the first epoch their pages are mapped
+    and reading them costs what a memory block's rows do. The rows beyond are read through windows of
+    that streaming size, mapped one at a time and unmapped at once. A block within the budget is kept
+    whole; a much larger one is mostly streamed. Neither resident memory nor address space grows with the
+    block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
                  device: torch.device, target_columns: int = 1, id_width: int = 0) -> None:
         self.rows, self.num_features, self.id_width, self.device = rows, num_features, id_width, device
         self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
-        self._window = max(budget_bytes, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
-        fits = sum(os.fstat(f.fileno()).st_size for f in files) <= budget_bytes
-        self._kept: dict[int, mmap.mmap] | None = {} if fits else None  # fileno -> the file's whole mapping
+        total = sum(os.fstat(f.fileno()).st_size for f in files)
+        self._window = max(budget_bytes // 8, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
+        if total <= budget_bytes:
+            self.kept_rows = rows
+        else:  # bytes per row over all the files (targets may be pairs), into what the stream window leaves
+            self.kept_rows = max(0, (budget_bytes - self._window) // max(1, total // max(rows, 1)))
+        self._kept: dict[int, mmap.mmap] = {}  # fileno -> the mapping of its first `kept_rows` rows
 
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
@@ -229,17 +237,24 @@ class DiskBlock:
         return torch.from_numpy(np.ascontiguousarray(targets[:, 1]))
 
     def _gather(self, f: IO[bytes], rows: np.ndarray, out: np.ndarray, width: int) -> None:
-        """out[i] = row rows[i] of `f`: from its kept mapping, or in file order through budget-sized windows."""
-        if self._kept is not None:
-            whole = self._kept.get(f.fileno())
-            if whole is None:
-                whole = self._kept[f.fileno()] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                whole.madvise(mmap.MADV_RANDOM)  # see below; pages once read stay mapped
-            view = np.frombuffer(whole, dtype=out.dtype, count=self.rows * width // out.itemsize)
-            out[...] = view.reshape(-1, *out.shape[1:])[rows]
+        """out[i] = row rows[i] of `f`: from its kept mapping, or else through streaming windows."""
+        kept = rows < self.kept_rows
+        if kept.any():
+            mapping = self._kept.get(f.fileno())
+            if mapping is None:
+                mapping = self._kept[f.fileno()] = mmap.mmap(f.fileno(), self.kept_rows * width,
+                                                             access=mmap.ACCESS_READ)
+                mapping.madvise(mmap.MADV_RANDOM)  # as below; pages once read stay mapped
+            view = np.frombuffer(mapping, dtype=out.dtype, count=self.kept_rows * width // out.itemsize)
+            out[kept] = view.reshape(-1, *out.shape[1:])[rows[kept]]
             del view  # the mapping cannot close while an array still points into it
-            return
-        order = np.argsort(rows, kind="stable")
+        if not kept.all():
+            self._stream(f, rows, np.flatnonzero(~kept), out, width)
+
+    def _stream(self, f: IO[bytes], rows: np.ndarray, positions: np.ndarray, out: np.ndarray, width: int) -> None:
+        """out[p] = row rows[p] of `f` for each p in `positions`, in file order through windows mapped one
+        at a time."""
+        order = positions[np.argsort(rows[positions], kind="stable")]
         ordered = rows[order]
         windows = (ordered * width) // self._window
         cuts = np.flatnonzero(np.diff(windows)) + 1
@@ -256,7 +271,7 @@ class DiskBlock:
                 del view  # the window cannot close while an array still points into it
 
     def close(self) -> None:
-        for kept in (self._kept or {}).values():
+        for kept in self._kept.values():
             kept.close()
         for f in self._files:
             f.close()
