@@ -39,7 +39,7 @@ def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path, budget, kept
     for lo in range(0, 1000, 128):  # as batches arrive
         writer.append(x[lo:lo + 128], y[lo:lo + 128], ids[lo:lo + 128])
     disk = writer.finish(budget_bytes=budget, device=torch.device("cpu"))
-    # 40,000 bytes less the smallest window (two pages and a row: 8,252 bytes, above an eighth of the budget)
+    # 40,000 bytes less the smallest window (two pages and a row: 8,252 bytes, above a sixteenth of the budget)
     # keep 31,748 // 60 = 529 rows mapped.
     assert disk.kept_rows == kept
     memory = MemoryBlock(x.copy(), y.copy(), torch.device("cpu"), ids.copy())

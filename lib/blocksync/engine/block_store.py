@@ -194,7 +194,7 @@ class DiskBlockWriter:
 class DiskBlock:
     """The block in its files; `take` copies rows out through read-only mappings, within the budget.
 
-    The first rows of the block, as many as fit in the budget less one streaming window (an eighth of the
+    The first rows of the block, as many as fit in the budget less one streaming window (a sixteenth of the
     budget), stay mapped for the run, one mapping per file: after the first epoch their pages are mapped
     and reading them costs what a memory block's rows do. The rows beyond are read through windows of
     that streaming size, mapped one at a time and unmapped at once. A block within the budget is kept
@@ -207,7 +207,7 @@ class DiskBlock:
         self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
         total = sum(os.fstat(f.fileno()).st_size for f in files)
-        self._window = max(budget_bytes // 8, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
+        self._window = max(budget_bytes // 16, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
         if total <= budget_bytes:
             self.kept_rows = rows
         else:  # bytes per row over all the files (targets may be pairs), into what the stream window leaves
