@@ -22,8 +22,8 @@ model, optimizer state and the batch, whatever the block's size; the data stays
 in the page cache between steps, as far as the worker's memory allows: the windows are read with
 MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
 readahead window of pages no step uses. The rows that fit in the budget less one window are mapped
-once for the whole run instead (`DiskBlock`; all of them for a block within the budget), so after the
-first epoch a step reads them from mapped pages, as fast as `memory` (the throughput benchmark measures
+once for the whole run instead (`DiskBlock`; all of them for a block within the budget), populated at
+once, so a step reads them from mapped pages, as fast as `memory` (the throughput benchmark measures
 both). Only the current batch goes to a GPU.
 
 In `memory` mode a worker first checks its block against its cgroup's memory limit (`check_block_fits`):
@@ -195,8 +195,8 @@ class DiskBlock:
     """The block in its files; `take` copies rows out through read-only mappings, within the budget.
 
     The first rows of the block, as many as fit in the budget less one streaming window (a sixteenth of the
-    budget), stay mapped for the run, one mapping per file: after the first epoch their pages are mapped
-    and reading them costs what a memory block's rows do. The rows beyond are read through windows of
+    budget), stay mapped for the run, one mapping per file, populated when first used (MAP_POPULATE):
+    reading them costs what a memory block's rows do. The rows beyond are read through windows of
     that streaming size, mapped one at a time and unmapped at once. A block within the budget is kept
     whole; a much larger one is mostly streamed. Neither resident memory nor address space grows with the
     block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
@@ -242,9 +242,11 @@ class DiskBlock:
         if kept.any():
             mapping = self._kept.get(f.fileno())
             if mapping is None:
-                mapping = self._kept[f.fileno()] = mmap.mmap(f.fileno(), self.kept_rows * width,
-                                                             access=mmap.ACCESS_READ)
-                mapping.madvise(mmap.MADV_RANDOM)  # as below; pages once read stay mapped
+                # Populated at once (one pass, in the first step): no step then takes a page fault on them.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                mapping = self._kept[f.fileno()] = mmap.mmap(f.fileno(), self.kept_rows * width, flags=flags,
+                                                             prot=mmap.PROT_READ)
+                mapping.madvise(mmap.MADV_RANDOM)  # as below, should the kernel reclaim some of its pages
             view = np.frombuffer(mapping, dtype=out.dtype, count=self.kept_rows * width // out.itemsize)
             out[kept] = view.reshape(-1, *out.shape[1:])[rows[kept]]
             del view  # the mapping cannot close while an array still points into it
