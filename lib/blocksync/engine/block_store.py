@@ -194,8 +194,8 @@ class DiskBlockWriter:
 class DiskBlock:
     """The block in its files; `take` copies rows out through read-only mappings, within the budget.
 
-    The first rows of the block, as many as fit in the budget less one streaming window (a sixteenth of the
-    budget), stay mapped for the run, one mapping per file, populated when first used (MAP_POPULATE):
+    The first rows of the block, as many as fit in the budget less one streaming window (from a sixteenth
+    of the budget, for a block just over it, to half of it, for a block more than 1.5 times it), stay mapped for the run, one mapping per file, populated when first used (MAP_POPULATE):
     reading them costs what a memory block's rows do. The rows beyond are read through windows of
     that streaming size, mapped one at a time and unmapped at once. A block within the budget is kept
     whole; a much larger one is mostly streamed. Neither resident memory nor address space grows with the
@@ -207,7 +207,11 @@ class DiskBlock:
         self.target_shape = (target_columns,) if target_columns > 1 else ()
         self._files = files
         total = sum(os.fstat(f.fileno()).st_size for f in files)
-        self._window = max(budget_bytes // 16, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
+        # The streaming window: small for a block just over the budget (most of it stays mapped), up to half
+        # the budget for a much larger one (keeping a bit more of it would save little; every window a step
+        # maps costs system calls).
+        window = max(budget_bytes // 16, min(budget_bytes // 2, total - budget_bytes))
+        self._window = max(window, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
         if total <= budget_bytes:
             self.kept_rows = rows
         else:  # bytes per row over all the files (targets may be pairs), into what the stream window leaves
