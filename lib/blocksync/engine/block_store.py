@@ -195,10 +195,11 @@ class DiskBlock:
     """The block in its files; `take` copies rows out through read-only mappings, within the budget.
 
     The first rows of the block, as many as fit in the budget less one streaming window (from a sixteenth
-    of the budget, for a block just over it, to half of it, for a block more than 1.5 times it), stay mapped for the run, one mapping per file, populated when first used (MAP_POPULATE):
-    reading them costs what a memory block's rows do. The rows beyond are read through windows of
-    that streaming size, mapped one at a time and unmapped at once. A block within the budget is kept
-    whole; a much larger one is mostly streamed. Neither resident memory nor address space grows with the
+    of the budget, for a block just over it, to half of it, for a block over 1.5 times it), stay mapped
+    for the run, one mapping per file, populated when first used (MAP_POPULATE): reading them costs what
+    a memory block's rows do. The rows beyond are read through windows of that streaming size, mapped one
+    at a time and unmapped at once. A block within the budget is kept whole; a much larger one is mostly
+    streamed. Neither resident memory nor address space grows with the
     block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
