@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from blocksync import Input, ModelSpec, TrainConfig, make_blocks, train, train_blocks
+from blocksync import Input, ModelSpec, TrainConfig, TrainingError, make_blocks, train, train_blocks
 from blocksync.engine.input_columns import check_ids, resolve_inputs
 from blocksync.pipeline.datasets import shop_table
 from tests.helpers import collect_typed_blocks
@@ -154,6 +154,9 @@ def test_bad_typed_inputs_are_one_line_errors_on_the_driver(spark):
         resolve_inputs(shop, [{"name": "store", "kind": "tokens", "vocab": 40}])
     with pytest.raises(ValueError, match=r"inputs\['seq'\]: pad=12 is outside the vocabulary of 12"):
         resolve_inputs(spark.createDataFrame(tokens), [Input("seq", "tokens", cardinality=12, pad=12)])
+    with pytest.raises(ValueError, match=r"inputs\['seq'\].cardinality=12.5 must be a whole number"):
+        resolve_inputs(spark.createDataFrame(tokens), [{"name": "seq", "kind": "tokens", "cardinality": 12.5}])
+    check_ids(shop.limit(0), trained)  # no rows to score: nothing to refuse (a raise fails the test)
 
 
 def test_models_and_inputs_that_do_not_fit_are_refused_before_launch(spark):
@@ -167,6 +170,18 @@ def test_models_and_inputs_that_do_not_fit_are_refused_before_launch(spark):
               config("torch_gloo", ModelSpec(name="embedding_mlp")), label="label")
     with pytest.raises(ValueError, match=r"model 'transformer' reads exactly one tokens input"):
         train(spark, shop, config("torch_gloo", ModelSpec(name="transformer")), label="label", inputs=SHOP_INPUTS)
+    with pytest.raises(ValueError, match=r"both features=\['price'\] and inputs were given"):
+        train(spark, shop, config("torch_gloo", ModelSpec(name="embedding_mlp")), features=["price"], label="label",
+              inputs=SHOP_INPUTS)
+    tokens = spark.createDataFrame(token_table(40, 1))
+    with pytest.raises(ValueError, match=r"model.options=\{'d_modle': 8\} do not fit model 'transformer' .*; its "
+                                         r"options are d_model, heads, layers, dim_feedforward"):
+        train(spark, tokens, config("torch_gloo", ModelSpec(name="transformer", options={"d_modle": 8})),
+              label="label", inputs=TOKEN_INPUTS)
+    with pytest.raises(ValueError, match=r"model.options=\{'d_model': 30, 'heads': 4\} do not fit model 'transformer' "
+                                         r"\(embed_dim must be divisible by num_heads\)"):
+        train(spark, tokens, config("torch_gloo", ModelSpec(name="transformer", options={"d_model": 30, "heads": 4})),
+              label="label", inputs=TOKEN_INPUTS)
     with pytest.raises(ValueError, match=r"the label column 'label' is also read by inputs\['all'\]"):
         train(spark, shop, config("torch_gloo", ModelSpec(name="embedding_mlp")), label="label",
               inputs=[{"name": "all", "columns": ["price", "label"]}])
@@ -233,6 +248,24 @@ def test_the_estimator_takes_the_same_input_specs(spark, tmp_path):
         logits = fitted.stages[-1].torchModule()(parts).double().numpy()
     assert np.allclose(np.stack(scored["rawPrediction"].map(lambda v: v.toArray())), logits, atol=1e-6)
     assert (scored["prediction"].to_numpy() == logits.argmax(1)).all()
+    assert fitted.transform(df.limit(0)).count() == 0  # an empty table scores to an empty table
     new_store = spark.createDataFrame(pdf.assign(store=pdf["store"] + 100))
     with pytest.raises(ValueError, match=r"inputs\['store'\]: category \d+ was not seen in training"):
         fitted.transform(new_store)
+
+
+def test_blocks_whose_ids_exceed_the_spec_stop_every_rank_with_an_input_error(spark):
+    """train_blocks takes blocks as they are: a spec that understates a cardinality (the driver's check
+    skipped) is caught by every worker before the first step, as bad input naming the problem."""
+    from dataclasses import replace
+
+    from blocksync.engine.inputs import InputSpec
+
+    df = spark.createDataFrame(shop_table(60, seed=3))
+    spec = resolve_inputs(df, SHOP_INPUTS)
+    lying = InputSpec(tuple(replace(i, cardinality=3) if i.name == "store" else i for i in spec.inputs))
+    blocks, info = make_blocks(df, label="label", num_workers=2, seed=0, inputs=lying)
+    with pytest.raises(TrainingError, match=r"rows hold ids outside their inputs' cardinalities") as err:
+        train_blocks(spark, blocks, info, config("torch_gloo", ModelSpec(name="embedding_mlp", hidden=[4]),
+                                                  num_workers=2))
+    assert err.value.kind == "input"

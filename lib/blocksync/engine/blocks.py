@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from blocksync.engine.inputs import IDS, InputSpec
+from blocksync.engine.inputs import IDS, InputSpec, source_columns
 
 FEATURES = "features"
 LABEL = "label"
@@ -61,8 +61,7 @@ def _names(features: str | list[str]) -> list[str]:
 
 
 def check_label_not_an_input(df: DataFrame, inputs: InputSpec, label: str) -> None:
-    from blocksync.engine.inputs import source_columns
-
+    """The label read by an input would leak the answer into the inputs."""
     for item in inputs.inputs:
         if label in source_columns(item, df.columns):
             raise ValueError(f"the label column {label!r} is also read by inputs[{item.name!r}]; remove it from "

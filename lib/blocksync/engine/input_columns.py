@@ -20,8 +20,6 @@ from pyspark.sql import types as T
 from blocksync.engine.blocks import _NUMERIC, _is_vector
 from blocksync.engine.inputs import Input, InputSpec, parse_inputs, source_columns, with_measured
 
-_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-
 
 def values_column(df: DataFrame, item: Input) -> Column:
     """`item`'s values as they are stored: numeric array<float>; tokens array<bigint>; categorical bigint.
@@ -112,19 +110,28 @@ def _checked(row: Any, n: int, item: Input, scoring: bool) -> Input:
     return measured
 
 
-def resolve_inputs(df: DataFrame, items: Sequence[Input | dict[str, Any]], *, scoring: bool = False) -> InputSpec:
+def _measure(df: DataFrame, items: Sequence[Input]) -> Any:
+    """One row: the row count, and every input's aggregates (`_aggregates`, suffixed by its position)."""
+    aggregates = [a for n, item in enumerate(items) for a in _aggregates(df, n, item)]
+    return df.agg(F.count(F.lit(1)).alias("rows"), *aggregates).collect()[0]
+
+
+def resolve_inputs(df: DataFrame, items: Sequence[Input | dict[str, Any]]) -> InputSpec:
     """The inputs with widths and cardinalities, after one aggregate over `df` checked every value."""
     parsed = parse_inputs(items)
-    aggregates = [a for n, item in enumerate(parsed) for a in _aggregates(df, n, item)]
-    row = df.agg(F.count(F.lit(1)).alias("rows"), *aggregates).collect()[0]
+    row = _measure(df, parsed)
     if not row["rows"]:
-        raise ValueError("the data is empty (0 rows); check the input path, table or filter.")
-    return InputSpec(tuple(_checked(row, n, item, scoring) for n, item in enumerate(parsed)))
+        raise ValueError("the training data is empty (0 rows); check the input path, table or filter.")
+    return InputSpec(tuple(_checked(row, n, item, scoring=False) for n, item in enumerate(parsed)))
 
 
 def check_ids(df: DataFrame, spec: InputSpec) -> None:
-    """Data to score against a trained `spec`: same widths, ids within the trained cardinalities."""
-    resolve_inputs(df, spec.inputs, scoring=True)
+    """Data to score against a trained `spec`: same widths, ids within the trained cardinalities. No rows:
+    nothing to check (scoring an empty table gives an empty table)."""
+    row = _measure(df, spec.inputs)
+    if row["rows"]:
+        for n, item in enumerate(spec.inputs):
+            _checked(row, n, item, scoring=True)
 
 
 def packed_columns(df: DataFrame, spec: InputSpec) -> tuple[Column, Column]:

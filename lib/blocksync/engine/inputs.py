@@ -61,6 +61,10 @@ class Input:
             raise ValueError(f"an input has no name ({self!r}); give each input a 'name'.")
         if self.kind not in KINDS:
             raise ValueError(f"{where}.kind={self.kind!r} is not one of {', '.join(KINDS)}; pick one of those.")
+        for key in ("cardinality", "pad"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{where}.{key}={value!r} must be a whole number (or unset).")
         if self.cardinality is not None and (self.kind == "numeric" or int(self.cardinality) <= 0):
             raise ValueError(f"{where}.cardinality={self.cardinality!r}: only tokens and categorical inputs have "
                              "one, and it must be > 0.")
@@ -138,7 +142,7 @@ def parse_inputs(items: Sequence[Input | dict[str, Any]]) -> list[Input]:
         if unknown:
             raise ValueError(f"inputs[{n}] has unknown key(s) {unknown}; an input takes name, kind, columns, "
                              "cardinality and pad.")
-        parsed.append(Input(**{k: v for k, v in item.items()}))
+        parsed.append(Input(**item))
     names = [i.name for i in parsed]
     if len(set(names)) != len(names):
         raise ValueError(f"input names {names} repeat; give each input its own name.")

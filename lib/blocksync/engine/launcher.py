@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, SparkSession
 from blocksync.engine import checkpoint, startup
 from blocksync.engine.block_data import steps_per_epoch
 from blocksync.engine.block_store import storage_width
-from blocksync.engine.blocks import WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
+from blocksync.engine.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.input_columns import resolve_inputs
@@ -244,6 +244,9 @@ def train(
     true rows are held out for the per-epoch validation loss (instead of
     `config.validation_fraction`).
     """
+    if inputs is not None and features != FEATURES:
+        raise ValueError(f"both features={features!r} and inputs were given; typed inputs name their own columns: "
+                         "pass one of them.")
     if config.blocks == "files":
         raise ValueError(
             "blocks=files reads Parquet files directly, so it needs their path: call "
@@ -266,8 +269,9 @@ def train(
     refuse_weighted_custom_loss(config, weight is not None)
     check_slots(spark, config.num_workers)
     spec = resolve_inputs(df, inputs) if inputs is not None else None
-    if spec is not None:
-        validate_spec(config.model, spec.float_width, 2, spec)  # before the shuffle; train_blocks checks the outputs
+    if spec is not None:  # the model before the shuffle; train_blocks checks its outputs against the labels
+        validate_spec(config.model, spec.float_width, 1 if config.task == "regression" else config.num_classes or 2,
+                      spec)
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
                                validation_col=validation, validation_fraction=config.validation_fraction,
                                weight=weight, inputs=spec)

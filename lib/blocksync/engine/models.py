@@ -159,11 +159,18 @@ def build_model(spec: ModelSpec, num_features: int, num_outputs: int, inputs: In
     return _call_factory(spec, num_features, str(num_features), num_outputs, "(num_features, num_outputs, **options)")
 
 
+TYPED_OPTIONS = {"embedding_mlp": "embedding_dim", "transformer": "d_model, heads, layers, dim_feedforward"}
+
+
 def _build_typed(spec: ModelSpec, inputs: InputSpec, num_outputs: int) -> nn.Module:
-    if spec.name == "embedding_mlp":
-        return EmbeddingMLP(inputs, num_outputs, spec.hidden, spec.dropout, **spec.options)
-    if spec.name == "transformer":
-        return TokenTransformer(inputs, num_outputs, **{"dropout": spec.dropout, **spec.options})
+    if spec.name in TYPED:
+        try:
+            if spec.name == "embedding_mlp":
+                return EmbeddingMLP(inputs, num_outputs, spec.hidden, spec.dropout, **spec.options)
+            return TokenTransformer(inputs, num_outputs, **{"dropout": spec.dropout, **spec.options})
+        except (TypeError, AssertionError) as err:  # an unknown option, or torch's d_model % heads check
+            raise ValueError(f"model.options={spec.options} do not fit model {spec.name!r} ({err}); its options are "
+                             f"{TYPED_OPTIONS[spec.name]}.") from err
     if spec.name in REGISTRY:
         raise ValueError(f"model.name={spec.name!r} reads one float feature matrix, but typed inputs were given; "
                          "use embedding_mlp, transformer or a factory 'package.module:factory(input_spec, "
