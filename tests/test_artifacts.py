@@ -48,8 +48,9 @@ def test_a_builtin_network_loads_without_trust(tmp_path):
                                   torch.softmax(module(torch.from_numpy(x)), 1).detach().numpy())
 
 
-def test_an_unreachable_tracking_server_keeps_the_run(tmp_path, monkeypatch, caplog):
+def test_an_unreachable_tracking_server_keeps_the_run(spark, tmp_path, monkeypatch, caplog):
     from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.run_files import RunFiles
     from blocksync.pipeline.stages import track
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -57,7 +58,7 @@ def test_an_unreachable_tracking_server_keeps_the_run(tmp_path, monkeypatch, cap
     config = load_config(None, [f"output_dir={tmp_path}", "tracking.mlflow=true", "tracking.uri=http://127.0.0.1:9"])
     (tmp_path / "metrics.json").write_text("{}")
     with caplog.at_level(logging.WARNING, logger="blocksync.pipeline.stages"):
-        track(config, tmp_path, {"test_accuracy": 0.5}, [{"epoch": 1, "train_loss": 1.0}])
+        track(config, RunFiles(spark, tmp_path), {"test_accuracy": 0.5}, [{"epoch": 1, "train_loss": 1.0}])
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith("MLflow tracking failed (tracking.uri=http://127.0.0.1:9)")
     assert f"the run is kept in {tmp_path}" in warning

@@ -10,12 +10,10 @@ same way the Spark scoring stage does.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,28 +22,11 @@ from blocksync.engine.config import ModelSpec
 from blocksync.engine.inputs import inputs_of, network_input
 from blocksync.engine.models import build_model, is_custom
 
+if TYPE_CHECKING:
+    from blocksync.pipeline.run_files import RunFiles
+
 WEIGHTS = "model.safetensors"
 META = "model.json"
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-
-
-def move_into_place(staged: Path, target: Path, *, overwrite: bool) -> None:
-    """Rename `staged` to `target`; an existing target is replaced only with `overwrite`."""
-    if target.exists():
-        if not overwrite:
-            raise FileExistsError(f"{target} already exists; pass --overwrite or choose another output_dir.")
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(target, old)
-        os.replace(staged, target)
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, target)
 
 
 def save_model(directory: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
@@ -110,18 +91,52 @@ def model_meta(spec: ModelSpec, num_features: int, num_outputs: int, prepared: d
 def load_model(path: str | Path, *, trust_custom_code: bool = False) -> SavedModel:
     """Load a model directory written by a run (`<run>/model`), or the run directory itself.
 
+    With a classic SparkSession active (a job, a notebook), `path` means what it means to Spark's writers
+    (`run_files`: hdfs://, s3a://, dbfs:/ and so on; a plain path on the default filesystem), and a model
+    stored elsewhere than the driver's disk is copied to a temporary folder first. Without one, it is a
+    local path.
+
     Built-in networks (logreg, mlp, cnn) load from weights and JSON alone. A
     network named by an import path `package.module:factory` means importing
     and calling that code, named by a file anyone could have written: it loads
     only with `trust_custom_code=True`.
     """
+    files = _files_of_active_session(path)
+    if files is None:
+        return _load_directory(Path(path), str(path), trust_custom_code)
+    return load_model_from(files, trust_custom_code=trust_custom_code)
+
+
+def load_model_from(files: RunFiles, *, trust_custom_code: bool = False) -> SavedModel:
+    """`load_model` for a directory reached through Spark's filesystem layer."""
+    if files.local is not None:
+        return _load_directory(files.local, files.display(), trust_custom_code)
+    name = "model" if files.exists(f"model/{META}") else ""
+    if not files.exists(f"{name}/{META}" if name else META):
+        raise ValueError(f"{files.display()} holds no blocksync model ({META} and {WEIGHTS}); give a run's model "
+                         "directory.")
+    with tempfile.TemporaryDirectory(prefix="blocksync-model-") as scratch:
+        return _load_directory(files.download(name, Path(scratch) / "model"), files.display(), trust_custom_code)
+
+
+def _files_of_active_session(path: str | Path) -> RunFiles | None:
+    from pyspark.sql import SparkSession
+
+    from blocksync.pipeline.run_files import RunFiles
+
+    spark = SparkSession.getActiveSession()
+    if spark is None or getattr(spark, "_jvm", None) is None:  # no session, or Spark Connect
+        return None
+    return RunFiles(spark, path)
+
+
+def _load_directory(directory: Path, named: str, trust_custom_code: bool) -> SavedModel:
     from safetensors.torch import load_file
 
-    directory = Path(path)
     if (directory / "model" / META).is_file():
         directory = directory / "model"
     if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
-        raise ValueError(f"{path} holds no blocksync model ({META} and {WEIGHTS}); give a run's model directory.")
+        raise ValueError(f"{named} holds no blocksync model ({META} and {WEIGHTS}); give a run's model directory.")
     meta = json.loads((directory / META).read_text())
     spec = ModelSpec(**meta["model"])
     if is_custom(spec) and not trust_custom_code:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blocksync.pipeline.run_files import RunFiles
 
 STAGES = ("prepare", "train", "evaluate", "run")
 log = logging.getLogger("blocksync")
@@ -112,6 +114,7 @@ def execute(stage: str, args: argparse.Namespace) -> int:
     from blocksync.engine.models import check_importable
     from blocksync.pipeline import stages as pipeline
     from blocksync.pipeline.run_config import load_config
+    from blocksync.pipeline.run_files import RunFiles
     from blocksync.pipeline.session import jvm_log_path
 
     config = load_config(args.config, args.overrides)
@@ -125,37 +128,38 @@ def execute(stage: str, args: argparse.Namespace) -> int:
         check_importable(config.train.model)
     spark = session_for(config)
     spark.sparkContext.setLogLevel("ERROR")
-    run_dir = Path(config.output_dir)
     try:
+        files = RunFiles(spark, config.output_dir)
         if stage == "prepare":
-            meta = pipeline.prepare_stage(spark, config, run_dir, overwrite=args.overwrite)
+            meta = pipeline.prepare_stage(spark, config, files, overwrite=args.overwrite)
             rows = meta["rows"]
-            print(f"prepared {rows['train']} train and {rows['test']} test rows in {run_dir / 'prepared'}")
+            print(f"prepared {rows['train']} train and {rows['test']} test rows in {files.display('prepared')}")
         elif stage == "train":
-            result = pipeline.train_stage(spark, config, run_dir, overwrite=args.overwrite)
+            result = pipeline.train_stage(spark, config, files, overwrite=args.overwrite)
             m = result.metrics
             print(f"trained {m['steps']} steps on {m['num_workers']} workers ({m['backend']}): "
                   f"train_loss {m['train_loss']:.4f}, {m['samples_per_sec']:.0f} samples/s; "
-                  f"model in {run_dir / 'model'}")
+                  f"model in {files.display('model')}")
         elif stage == "evaluate":
-            _print_result(pipeline.evaluate_stage(spark, config, run_dir), run_dir)
+            _print_result(pipeline.evaluate_stage(spark, config, files), files)
         else:
-            _print_result(pipeline.run(spark, config, overwrite=args.overwrite), run_dir)
+            _print_result(pipeline.run(spark, config, overwrite=args.overwrite), files)
     finally:
         spark.stop()
     log = jvm_log_path()
-    if log.exists() and run_dir.is_dir():  # a finished run keeps Spark's log with its outputs
-        shutil.move(log, run_dir / "spark.log")
+    if log.exists() and files.exists():  # a finished run keeps Spark's log with its outputs
+        files.upload(log, "spark.log", overwrite=True)
+        log.unlink()
     return 0
 
 
-def _print_result(metrics: dict, run_dir: Path) -> None:
+def _print_result(metrics: dict, files: RunFiles) -> None:
     if "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f}, F1 {metrics['test_f1']:.4f}, "
               f"log loss {metrics['test_loss']:.4f}")
     else:
         print(f"test RMSE {metrics['test_rmse']:.4f}, R2 {metrics['test_r2']:.4f}")
-    print(f"report: {run_dir / 'report.png'}   metrics: {run_dir / 'metrics.json'}")
+    print(f"report: {files.display('report.png')}   metrics: {files.display('metrics.json')}")
 
 
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:

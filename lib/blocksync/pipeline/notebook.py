@@ -27,13 +27,16 @@ def widget(dbutils: Any, name: str, default: str, label: str | None = None) -> s
     return str(dbutils.widgets.get(name))
 
 
-def show_report(run_dir: str, display_html: Any = None) -> str:
-    """Show report.png inline where a notebook can (Databricks' displayHTML), and return its path."""
-    import base64
-    from pathlib import Path
+def show_report(spark: Any, run_dir: str, display_html: Any = None) -> str:
+    """Show report.png inline where a notebook can (Databricks' displayHTML), and return where it is.
 
-    path = Path(run_dir) / "report.png"
+    The run directory is read as the run wrote it, through Spark's filesystem (dbfs:/ on Databricks)."""
+    import base64
+
+    from blocksync.pipeline.run_files import RunFiles
+
+    files = RunFiles(spark, run_dir)
     if display_html is not None:
-        encoded = base64.b64encode(path.read_bytes()).decode("ascii")
+        encoded = base64.b64encode(files.read_bytes("report.png")).decode("ascii")
         display_html(f'<img src="data:image/png;base64,{encoded}" style="max-width:100%"/>')
-    return str(path)
+    return files.display("report.png")

@@ -17,7 +17,6 @@ doubles) are appended. The output path is checked before any scoring.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -28,21 +27,22 @@ from pyspark.sql import functions as F
 from blocksync.engine.blocks import features_column
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
 from blocksync.ml.persistence import path_exists
-from blocksync.pipeline.artifacts import META, WEIGHTS, load_model
+from blocksync.pipeline.artifacts import META, WEIGHTS, load_model_from
 from blocksync.pipeline.prepare import standardized
+from blocksync.pipeline.run_files import RunFiles
 from blocksync.pipeline.sources import read_path_or_table
 
 PREPARED = "__blocksync_features"
 
 
-def run_model(directory: Path, *, trust_custom_code: bool) -> tuple[BlockSyncModelBase, dict[str, Any]]:
+def run_model(files: RunFiles, *, trust_custom_code: bool) -> tuple[BlockSyncModelBase, dict[str, Any]]:
     """A CLI run's model as a Spark ML model, and its model.json (feature columns, standardization, labels)."""
-    saved = load_model(directory, trust_custom_code=trust_custom_code)  # checks files, weights and trust
-    folder = directory / "model" if (directory / "model" / META).is_file() else directory
+    saved = load_model_from(files, trust_custom_code=trust_custom_code)  # checks files, weights and trust
+    weights = f"model/{WEIGHTS}" if files.exists(f"model/{META}") else WEIGHTS
     meta = saved.meta
     cls = BlockSyncClassificationModel if meta["task"] == "classification" else BlockSyncRegressionModel
-    model = cls((folder / WEIGHTS).read_bytes(), {k: meta.get(k) for k in ("model", "num_features", "num_outputs",
-                                                                           "task", "inputs")})
+    model = cls(files.read_bytes(weights), {k: meta.get(k) for k in ("model", "num_features", "num_outputs",
+                                                                      "task", "inputs")})
     model.setFeaturesCol(PREPARED)
     if isinstance(model, BlockSyncClassificationModel):
         model._set(rawPredictionCol="")  # predict writes prediction and probability only
@@ -67,9 +67,9 @@ def _original_labels(prediction: Column, labels: list[Any] | None) -> Column:
 def score_new_data(spark: SparkSession, model_path: str, df: DataFrame, *, trust_custom_code: bool = False
                    ) -> DataFrame:
     """`df` with every column kept, plus `prediction` and (classifiers) `probability` as array<double>."""
-    directory = Path(model_path)
-    if (directory / META).is_file() or (directory / "model" / META).is_file():
-        model, meta = run_model(directory, trust_custom_code=trust_custom_code)
+    files = RunFiles(spark, model_path)
+    if files.exists(META) or files.exists(f"model/{META}"):
+        model, meta = run_model(files, trust_custom_code=trust_custom_code)
         if meta.get("inputs"):  # typed inputs: transform reads their own columns
             scored = model.transform(df)
         else:

@@ -1,16 +1,15 @@
 """The `prepare` stage: features and label, seeded split, standardization from Spark aggregates.
 
 Output (under `<run>/prepared/`): `train.parquet` and `test.parquet` with
-`features` (array<float>) and `label` (class index, or the target), and
-`prepare.json` with the feature columns, the train-split mean and standard
-deviation, and the label mapping. The same metadata goes into the model's
-model.json, so a saved model can score raw features.
+`features` (array<float>) and `label` (class index, or the target), written by
+Spark; the stage adds `prepare.json` with the metadata `prepare` returns: the
+feature columns, the train-split mean and standard deviation, and the label
+mapping. The same metadata goes into the model's model.json, so a saved model
+can score raw features.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from pyspark.ml.functions import array_to_vector
@@ -138,13 +137,13 @@ def checked_weights(df: DataFrame, weight: str) -> Column:
     return column
 
 
-def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, Any]:
-    """Write `run_dir/prepared/{train,test}.parquet` and `prepare.json`; return the metadata."""
+def prepare(spark: SparkSession, config: RunConfig, out: str) -> dict[str, Any]:
+    """Write `{train,test}.parquet` into the folder `out` (a path or URI); return the metadata."""
     data, task = config.data, config.train.task
     raw = load_source(spark, data, task)
     labels = label_mapping(raw, data.label, task, data.source)
     if data.inputs is not None:
-        return prepare_typed(raw, config, run_dir, labels)
+        return prepare_typed(raw, config, out, labels)
     feature_cols = resolve_feature_columns(raw, data.features, data.label, data.weight)
     check_label_not_a_feature(feature_cols, data.label)
     weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
@@ -162,11 +161,10 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         # The split is seeded and deterministic, so the rows summarized are the rows written.
         mean, std, train_rows = standardization(train)
         train, test = apply_standardization(train, mean, std), apply_standardization(test, mean, std)
-    out = run_dir / "prepared"
-    train.write.mode("overwrite").parquet(str(out / "train.parquet"))
-    test.write.mode("overwrite").parquet(str(out / "test.parquet"))
+    train.write.mode("overwrite").parquet(f"{out}/train.parquet")
+    test.write.mode("overwrite").parquet(f"{out}/test.parquet")
     if not data.standardize:
-        train_rows = spark.read.parquet(str(out / "train.parquet")).count()
+        train_rows = spark.read.parquet(f"{out}/train.parquet").count()
     counts = {"train": train_rows, "test": kept - train_rows}
     meta = {
         "source": data.source,
@@ -180,7 +178,6 @@ def prepare(spark: SparkSession, config: RunConfig, run_dir: Path) -> dict[str, 
         "rows": counts,
         "dropped_invalid_rows": dropped,
     }
-    (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
     return meta
 
 
@@ -191,7 +188,7 @@ def label_index(label: str, labels: list[Any] | None) -> Column:
     return (F.array_position(F.array(*[F.lit(v) for v in labels]), F.col(label)) - 1).cast("double")
 
 
-def prepare_typed(raw: DataFrame, config: RunConfig, run_dir: Path, labels: list[Any] | None) -> dict[str, Any]:
+def prepare_typed(raw: DataFrame, config: RunConfig, out: str, labels: list[Any] | None) -> dict[str, Any]:
     """`data.inputs`: the inputs are checked and their cardinalities measured over all rows (so a category
     the test split holds is known); the split keeps their source columns as they are, with `label`."""
     data = config.data
@@ -204,13 +201,11 @@ def prepare_typed(raw: DataFrame, config: RunConfig, run_dir: Path, labels: list
     weights = [checked_weights(raw, data.weight).alias(WEIGHT)] if data.weight else []
     table = raw.select(*sources, label_index(data.label, labels).alias(LABEL), *weights)
     train, test = table.randomSplit([1.0 - data.test_fraction, data.test_fraction], seed=data.seed)
-    out = run_dir / "prepared"
-    train.write.mode("overwrite").parquet(str(out / "train.parquet"))
-    test.write.mode("overwrite").parquet(str(out / "test.parquet"))
+    train.write.mode("overwrite").parquet(f"{out}/train.parquet")
+    test.write.mode("overwrite").parquet(f"{out}/test.parquet")
     spark = raw.sparkSession
-    counts = {name: spark.read.parquet(str(out / f"{name}.parquet")).count() for name in ("train", "test")}
+    counts = {name: spark.read.parquet(f"{out}/{name}.parquet").count() for name in ("train", "test")}
     meta = {"source": data.source, "task": config.train.task, "feature_columns": None, "inputs": spec.to_dicts(),
             "label_column": data.label, "weight_column": data.weight, "labels": labels, "mean": None, "std": None,
             "rows": counts, "dropped_invalid_rows": 0}
-    (out / "prepare.json").write_text(json.dumps(meta, indent=1, default=str))
     return meta

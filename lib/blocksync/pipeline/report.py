@@ -41,8 +41,9 @@ def timeline(steps: pd.DataFrame) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_history(path: Path, history: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(h) + "\n" for h in history))
+def history_lines(history: list[dict[str, Any]]) -> str:
+    """history.jsonl: one JSON object per epoch."""
+    return "".join(json.dumps(h) + "\n" for h in history)
 
 
 def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, metrics: dict[str, Any]) -> None:
