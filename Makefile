@@ -12,6 +12,7 @@ demo: setup
 	$(VENV)/bin/blocksync run --config conf/local.yaml --overwrite
 
 test: setup
+	bash scripts/test_services.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup

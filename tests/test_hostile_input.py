@@ -129,6 +129,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("output_dir is a file, with --overwrite", [f"data.source={good}", f"output_dir={a_file}", "--overwrite"],
          "is a file, not a directory; choose another output_dir"),
         ("empty output_dir", [f"data.source={good}", "output_dir="], "output_dir is empty"),
+        ("output_dir on no filesystem", [f"data.source={good}", "output_dir=nosuchfs://host/run"],
+         "nosuchfs://host/run: no filesystem for it (UnsupportedFileSystemException"),
     ]
     return [(name, ["run", *base, f"output_dir={tmp / 'out' / str(i)}", *extra], message)
             for i, (name, extra, message) in enumerate(table)] + [(name, ["run", *base, *extra], message)

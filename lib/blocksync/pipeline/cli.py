@@ -52,6 +52,8 @@ def build_predict_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", required=True, help="Parquet or CSV path (any Spark filesystem), or a table")
     parser.add_argument("--output", required=True, help="where to write the scored rows (Parquet)")
     parser.add_argument("--master", default="local[4]", help="Spark master when not under spark-submit")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit's --conf (e.g. spark.hadoop.fs.s3a.endpoint=...)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     parser.add_argument("--trust-custom-code", action="store_true",
                         help="allow a run's network named by an import path (imports and runs that code)")
@@ -65,7 +67,8 @@ def execute_predict(args: argparse.Namespace) -> int:
 
     if args.quiet:
         logging.getLogger().setLevel(logging.WARNING)
-    spark = session_for(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-predict")))
+    conf = dict(_key_value(item) for item in args.conf)
+    spark = session_for(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-predict", conf=conf)))
     spark.sparkContext.setLogLevel("ERROR")
     try:
         rows = predict(spark, args.model, args.input, args.output, overwrite=args.overwrite,
@@ -74,6 +77,13 @@ def execute_predict(args: argparse.Namespace) -> int:
         spark.stop()
     print(f"scored {rows} rows into {args.output}")
     return 0
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--conf {item!r}: give KEY=VALUE, e.g. --conf spark.hadoop.fs.defaultFS=hdfs://nn:8020.")
+    return key.strip(), value
 
 
 def session_for(config):  # type: ignore[no-untyped-def]
