@@ -36,11 +36,13 @@ def main(argv: list[str]) -> int:
         spark.sparkContext.setLogLevel("ERROR")
     try:
         for name in names:
-            start = time.perf_counter()
+            start, began = time.perf_counter(), time.time()
             print(f"== {name}", flush=True)
             importlib.import_module(f"benchmarks.{name}").run(spark)
-            print(f"== {name}: wrote benchmarks/results/{name}.{{json,md,png}} in {time.perf_counter() - start:.0f} s",
-                  flush=True)
+            written = sorted(p.name for p in (REPO / "benchmarks" / "results").glob(f"{name}.*")
+                             if p.stat().st_mtime >= began)
+            print(f"== {name}: wrote {', '.join(f'benchmarks/results/{w}' for w in written) or 'nothing'} in "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
     finally:
         if spark is not None:
             spark.stop()

@@ -73,3 +73,33 @@ def test_checkpoint_locations_keep_their_filesystem(tmp_path):
     assert (child("s3://b/ckpt?endpoint_override=10.0.0.1:9000&scheme=http", "step-000000010")
             == "s3://b/ckpt/step-000000010?endpoint_override=10.0.0.1:9000&scheme=http")
     assert child(str(tmp_path / "x" / ".." / "c"), "step-1") == str(tmp_path / "c" / "step-1")
+
+
+def test_run_files_write_rename_and_restore_like_a_filesystem(spark, tmp_path, monkeypatch):
+    from blocksync.pipeline.run_files import RunFiles
+
+    monkeypatch.chdir(tmp_path)  # a plain relative path is the driver's working directory's, not the JVM's
+    files = RunFiles(spark, "runs/one")
+    assert files.local == tmp_path / "runs" / "one" and files.uri().startswith("file:/")
+    files.mkdirs()
+    files.write_text("staged/metrics.json", '{"a": 1}')
+    (tmp_path / "made").mkdir()
+    (tmp_path / "made" / "w.bin").write_bytes(b"\x00\x01")
+    files.upload(tmp_path / "made", "staged/model")
+    files.move_into_place("staged", "result", overwrite=False)
+    assert files.read_text("result/metrics.json") == '{"a": 1}'
+    assert (tmp_path / "runs" / "one" / "result" / "model" / "w.bin").read_bytes() == b"\x00\x01"
+    assert not [p for p in (tmp_path / "runs").rglob("*.crc")]  # no checksum files beside the driver's
+    files.write_text("again/metrics.json", "{}")
+    with pytest.raises(FileExistsError, match=r"runs/one/result already exists; pass --overwrite"):
+        files.move_into_place("again", "result", overwrite=False)
+    # A replacement that fails half-way puts the previous results back.
+    with pytest.raises(OSError, match="failed"):
+        files.move_into_place("missing", "result", overwrite=True)
+    assert files.read_text("result/metrics.json") == '{"a": 1}'
+    assert sorted(p.name for p in (tmp_path / "runs" / "one").iterdir()) == ["again", "result"]
+    files.move_into_place("again", "result", overwrite=True)
+    assert files.read_text("result/metrics.json") == "{}"
+    assert sorted(p.name for p in (tmp_path / "runs" / "one").iterdir()) == ["result"]
+    copy = files.download("result", tmp_path / "copy")
+    assert (copy / "metrics.json").read_text() == "{}"

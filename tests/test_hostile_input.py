@@ -130,7 +130,15 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
          "is a file, not a directory; choose another output_dir"),
         ("empty output_dir", [f"data.source={good}", "output_dir="], "output_dir is empty"),
         ("output_dir on no filesystem", [f"data.source={good}", "output_dir=nosuchfs://host/run"],
-         "nosuchfs://host/run: no filesystem for it (UnsupportedFileSystemException"),
+         "output_dir='nosuchfs://host/run': no filesystem for it (UnsupportedFileSystemException"),
+        ("blocks=files on a filesystem pyarrow lacks", [f"data.source={good}", "train.blocks=files",
+                                                        "output_dir=sftp://root@127.0.0.1:9/run"],
+         "train.blocks=files has the workers read the prepared Parquet through pyarrow, which has no filesystem "
+         "for output_dir='sftp://root@127.0.0.1:9/run'"),
+        ("output_dir on a server that is down", [f"data.source={good}", "output_dir=sftp://root@127.0.0.1:9/run",
+                                                 "spark.conf.spark.hadoop.fs.sftp.impl="
+                                                 "org.apache.hadoop.fs.sftp.SFTPFileSystem"],
+         "output_dir='sftp://root@127.0.0.1:9/run' cannot be reached ("),
     ]
     return [(name, ["run", *base, f"output_dir={tmp / 'out' / str(i)}", *extra], message)
             for i, (name, extra, message) in enumerate(table)] + [(name, ["run", *base, *extra], message)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
-from blocksync.engine.scan import _pyarrow_opens, parquet_scan_files
+from blocksync.engine.scan import parquet_scan_files, pyarrow_opens
 from blocksync.engine.shards import plan_shards, read_block
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff, reference_train
@@ -106,7 +106,7 @@ def test_a_plain_parquet_scan_is_recognized_and_nothing_else(spark, data, tmp_pa
                     arrays.join(arrays.select("label").distinct(), "label"), spark.createDataFrame(arrays.toPandas())):
         assert parquet_scan_files(changed, ["features", "label"]) is None
     assert parquet_scan_files(arrays, ["features", "missing"]) is None
-    assert not _pyarrow_opens("s3a://bucket/data/part-0.parquet")  # Hadoop's scheme: Spark reads it, pyarrow not
+    assert not pyarrow_opens("s3a://bucket/data/part-0.parquet")  # Hadoop's scheme: Spark reads it, pyarrow not
     # A label that lives in partition directories is not in the files: Spark cuts those blocks.
     arrays.write.partitionBy("label").parquet(str(tmp_path / "by_label"))
     assert parquet_scan_files(spark.read.parquet(str(tmp_path / "by_label")), ["features", "label"]) is None

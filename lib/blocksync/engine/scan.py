@@ -45,12 +45,13 @@ def parquet_scan_files(df: DataFrame, columns: list[str]) -> list[str] | None:
     if not set(columns) <= stored:
         return None
     files = df.inputFiles()
-    if not files or not _pyarrow_opens(files[0]):
+    if not files or not pyarrow_opens(files[0]):
         return None
     return sorted(files)
 
 
-def _pyarrow_opens(uri: str) -> bool:
+def pyarrow_opens(uri: str) -> bool:
+    """Whether pyarrow has a filesystem for `uri` (a plain path: the local one)."""
     try:
         pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, OSError, ValueError):

@@ -67,7 +67,7 @@ def _original_labels(prediction: Column, labels: list[Any] | None) -> Column:
 def score_new_data(spark: SparkSession, model_path: str, df: DataFrame, *, trust_custom_code: bool = False
                    ) -> DataFrame:
     """`df` with every column kept, plus `prediction` and (classifiers) `probability` as array<double>."""
-    files = RunFiles(spark, model_path)
+    files = RunFiles(spark, model_path, setting="--model")
     if files.exists(META) or files.exists(f"model/{META}"):
         model, meta = run_model(files, trust_custom_code=trust_custom_code)
         if meta.get("inputs"):  # typed inputs: transform reads their own columns

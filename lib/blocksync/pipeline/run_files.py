@@ -15,6 +15,7 @@ local disk and on HDFS a rename is atomic; on object stores it is a copy, as it 
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -24,6 +25,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from blocksync.pipeline.sources import is_uri
+
+log = logging.getLogger(__name__)
 
 
 def java_message(err: Py4JJavaError) -> str:
@@ -36,7 +39,8 @@ def java_message(err: Py4JJavaError) -> str:
 class RunFiles:
     """Files under one directory (`root`), named by paths relative to it ("" is the directory itself)."""
 
-    def __init__(self, spark: SparkSession, root: str | os.PathLike[str]) -> None:
+    def __init__(self, spark: SparkSession, root: str | os.PathLike[str], *, setting: str = "output_dir") -> None:
+        """`setting` names the path in errors: output_dir, or predict's --model."""
         jvm: Any = getattr(spark, "_jvm", None)
         if jvm is None:
             raise ValueError("the pipeline stages write the run directory through Spark's JVM, which a Spark "
@@ -46,7 +50,7 @@ class RunFiles:
         self._jvm: Any = jvm
         text = os.fspath(root)
         if not str(text).strip():
-            raise ValueError("output_dir is empty; name the run directory, e.g. output_dir=runs/local.")
+            raise ValueError(f"{setting} is empty; name the run directory, e.g. output_dir=runs/local.")
         default_local = jvm.org.apache.hadoop.fs.FileSystem.getDefaultUri(conf).getScheme() in (None, "file")
         if not is_uri(text) and default_local:
             text = os.path.abspath(text)  # as the driver's Python sees it, whatever the JVM's cwd
@@ -54,11 +58,16 @@ class RunFiles:
         try:
             fs = path.getFileSystem(conf)
         except Py4JJavaError as err:
-            raise ValueError(f"{text}: no filesystem for it ({java_message(err)}); check the scheme and Spark's "
-                             "filesystem settings.") from err
+            raise ValueError(f"{setting}={text!r}: no filesystem for it ({java_message(err)}); check the scheme "
+                             "and Spark's filesystem settings (spark.hadoop.fs.<scheme>.impl).") from err
         if fs.getUri().getScheme() == "file":
             fs = fs.getRawFileSystem()  # no .crc files beside the driver's files
         self._bind(fs, fs.makeQualified(path))
+        try:  # the first call that talks to the store: an address or credentials problem is a setting's
+            fs.exists(self._root)
+        except Py4JJavaError as err:
+            raise ValueError(f"{setting}={text!r} cannot be reached ({java_message(err)}); check its address "
+                             "and credentials.") from err
 
     def _bind(self, fs: Any, root: Any) -> None:
         self._fs = fs
@@ -120,9 +129,22 @@ class RunFiles:
     def delete(self, name: str) -> None:
         self._fs.delete(self._path(name), True)
 
+    def discard(self, name: str) -> None:
+        """Delete `name` if it is there; a failure is logged, not raised: clean-up must not hide the error
+        that led to it."""
+        try:
+            self.delete(name)
+        except Py4JJavaError as err:
+            log.warning("could not remove %s: %s", self.display(name), java_message(err))
+
     def rename(self, source: str, target: str) -> None:
-        if not self._fs.rename(self._path(source), self._path(target)):
-            raise OSError(f"renaming {self.display(source)} to {self.display(target)} failed")
+        what = f"renaming {self.display(source)} to {self.display(target)} failed"
+        try:
+            renamed = self._fs.rename(self._path(source), self._path(target))
+        except Py4JJavaError as err:
+            raise OSError(f"{what} ({java_message(err)})") from err
+        if not renamed:
+            raise OSError(what)
 
     def move_into_place(self, staged: str, target: str, *, overwrite: bool) -> None:
         """Rename `staged` to `target`; an existing target is replaced only with `overwrite`."""
@@ -132,7 +154,11 @@ class RunFiles:
                                       "output_dir.")
             old = f"{_parent(target)}.{_base(target)}.old-{uuid.uuid4().hex[:8]}"
             self.rename(target, old)  # Hadoop's rename moves into an existing folder: clear the name first
-            self.rename(staged, target)
+            try:
+                self.rename(staged, target)
+            except BaseException:
+                self.rename(old, target)  # the previous results stay where they were
+                raise
             self.delete(old)
         else:
             if _parent(target):

@@ -30,6 +30,7 @@ from blocksync.engine.inputs import InputSpec
 from blocksync.engine.launcher import TrainResult, train, train_files
 from blocksync.engine.losses import import_loss
 from blocksync.engine.models import check_importable
+from blocksync.engine.scan import pyarrow_opens
 from blocksync.pipeline.artifacts import load_model_from, model_meta, save_model
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics
 from blocksync.pipeline.evaluate import score
@@ -38,6 +39,7 @@ from blocksync.pipeline.report import history_lines, plot_report, steps_frame, t
 from blocksync.pipeline.run_config import RunConfig, config_to_dict
 from blocksync.pipeline.run_files import RunFiles
 from blocksync.pipeline.session import warm_python_daemon
+from blocksync.pipeline.sources import is_uri
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class _Staging:
 
     def __exit__(self, *exc: object) -> None:
         self._scratch.cleanup()
-        self.files.delete(self.name)
+        self.files.discard(self.name)
 
 
 def run_files(spark: SparkSession, run_dir: RunDir) -> RunFiles:
@@ -101,6 +103,10 @@ def check_settings(config: RunConfig, *, overwrite: bool) -> None:
     if config.data.inputs is not None and config.train.blocks == "files":
         raise ValueError("data.inputs with train.blocks=files: typed inputs are cut into blocks by Spark; set "
                          "train.blocks=shuffle (or auto).")
+    if config.train.blocks == "files" and is_uri(config.output_dir) and not pyarrow_opens(config.output_dir):
+        raise ValueError(f"train.blocks=files has the workers read the prepared Parquet through pyarrow, which "
+                         f"has no filesystem for output_dir={config.output_dir!r}; set train.blocks=auto (Spark "
+                         "cuts the blocks there) or put output_dir on a filesystem pyarrow reads.")
     if config.train.loss:
         import_loss(config.train.loss)
 
@@ -238,5 +244,5 @@ def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> d
         metrics = evaluate_stage(spark, config, staged)
         parent.move_into_place(staging, name, overwrite=overwrite)
     finally:
-        parent.delete(staging)
+        parent.discard(staging)
     return metrics
