@@ -39,5 +39,5 @@ print(f"test accuracy {metrics['test_accuracy']:.4f}, samples/s {metrics['sample
 
 # COMMAND ----------
 
-report_path = show_report(spark, output_dir, display_html)
+report_path = show_report(output_dir, display_html, spark=spark)
 print(report_path)

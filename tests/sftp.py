@@ -80,5 +80,9 @@ class SftpServer:
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()  # sshd -D ends its sessions with it
-            self._proc.wait(timeout=10)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
         self._log.close()

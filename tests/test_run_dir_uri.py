@@ -22,7 +22,7 @@ from tests.test_pipeline import check_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.timeout(600), pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -91,16 +91,19 @@ def model_meta(spec: ModelSpec, num_features: int, num_outputs: int, prepared: d
 def load_model(path: str | Path, *, trust_custom_code: bool = False) -> SavedModel:
     """Load a model directory written by a run (`<run>/model`), or the run directory itself.
 
-    With a classic SparkSession active (a job, a notebook), `path` means what it means to Spark's writers
-    (`run_files`: hdfs://, s3a://, dbfs:/ and so on; a plain path on the default filesystem), and a model
-    stored elsewhere than the driver's disk is copied to a temporary folder first. Without one, it is a
-    local path.
+    A folder on the driver's disk loads from there. Otherwise, with a classic SparkSession active (a job, a
+    notebook), `path` means what it means to Spark's writers (`run_files`: hdfs://, s3a://, dbfs:/ and so on;
+    a plain path on the default filesystem), and the model is copied to a temporary folder first.
 
     Built-in networks (logreg, mlp, cnn) load from weights and JSON alone. A
     network named by an import path `package.module:factory` means importing
     and calling that code, named by a file anyone could have written: it loads
     only with `trust_custom_code=True`.
     """
+    from blocksync.pipeline.sources import is_uri
+
+    if not is_uri(str(path)) and Path(path).is_dir():  # a folder on the driver's disk (a /dbfs mount too)
+        return _load_directory(Path(path), str(path), trust_custom_code)
     files = _files_of_active_session(path)
     if files is None:
         return _load_directory(Path(path), str(path), trust_custom_code)
@@ -127,7 +130,7 @@ def _files_of_active_session(path: str | Path) -> RunFiles | None:
     spark = SparkSession.getActiveSession()
     if spark is None or getattr(spark, "_jvm", None) is None:  # no session, or Spark Connect
         return None
-    return RunFiles(spark, path)
+    return RunFiles(spark, path, setting="model path")
 
 
 def _load_directory(directory: Path, named: str, trust_custom_code: bool) -> SavedModel:

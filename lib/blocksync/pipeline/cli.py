@@ -157,9 +157,12 @@ def execute(stage: str, args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     log = jvm_log_path()
-    if log.exists() and files.exists():  # a finished run keeps Spark's log with its outputs
-        files.upload(log, "spark.log", overwrite=True)
-        log.unlink()
+    try:
+        if log.exists() and files.exists():  # a finished run keeps Spark's log with its outputs
+            files.upload(log, "spark.log", overwrite=True)
+            log.unlink()
+    except OSError as err:  # the run is done and written: say where the log stayed instead
+        logging.getLogger("blocksync").warning("Spark's log stays at %s: %s", log, err)
     return 0
 
 

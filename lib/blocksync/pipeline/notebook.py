@@ -27,15 +27,21 @@ def widget(dbutils: Any, name: str, default: str, label: str | None = None) -> s
     return str(dbutils.widgets.get(name))
 
 
-def show_report(spark: Any, run_dir: str, display_html: Any = None) -> str:
+def show_report(run_dir: str, display_html: Any = None, *, spark: Any = None) -> str:
     """Show report.png inline where a notebook can (Databricks' displayHTML), and return where it is.
 
-    The run directory is read as the run wrote it, through Spark's filesystem (dbfs:/ on Databricks)."""
+    The run directory is read as the run wrote it, through the filesystem of `spark` (by default the active
+    session): dbfs:/ on Databricks."""
     import base64
+
+    from pyspark.sql import SparkSession
 
     from blocksync.pipeline.run_files import RunFiles
 
-    files = RunFiles(spark, run_dir)
+    session = spark or SparkSession.getActiveSession()
+    if session is None:
+        raise ValueError("show_report reads the run directory through Spark: start a session or pass spark=.")
+    files = RunFiles(session, run_dir)
     if display_html is not None:
         encoded = base64.b64encode(files.read_bytes("report.png")).decode("ascii")
         display_html(f'<img src="data:image/png;base64,{encoded}" style="max-width:100%"/>')

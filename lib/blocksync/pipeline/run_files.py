@@ -6,11 +6,12 @@ the same configuration and credentials. So `output_dir` may be anything Spark wr
 `file:/`, `hdfs://`, `s3a://`, `dbfs:/`, `sftp://` (tested: an SSH server on loopback). A path without a
 scheme means what it means to Spark's writers: the driver's working directory when the default filesystem is
 the local disk (local mode, standalone clusters without HDFS), otherwise a path on `fs.defaultFS` (HDFS on
-YARN clusters, DBFS on Databricks).
+YARN clusters, DBFS on Databricks); `file:/shared/runs` names a mount there.
 
 The driver makes its files in a local temporary folder and copies them up (`upload`); each stage then renames
-what it made into place (`move_into_place`), so a failed stage leaves no half-written entry behind. On the
-local disk and on HDFS a rename is atomic; on object stores it is a copy, as it is for Spark's own commits.
+what it made into place (`move_into_place`), so a failed stage leaves no half-written entry behind. Within one
+local filesystem and on HDFS a rename is atomic; on object stores it is a copy, as it is for Spark's own
+commits. A filesystem's Java error reaches the caller as an OSError naming the operation and the path.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +56,14 @@ class RunFiles:
         default_local = jvm.org.apache.hadoop.fs.FileSystem.getDefaultUri(conf).getScheme() in (None, "file")
         if not is_uri(text) and default_local:
             text = os.path.abspath(text)  # as the driver's Python sees it, whatever the JVM's cwd
-        path = jvm.org.apache.hadoop.fs.Path(text)
         try:
+            path = jvm.org.apache.hadoop.fs.Path(text)
             fs = path.getFileSystem(conf)
         except Py4JJavaError as err:
             raise ValueError(f"{setting}={text!r}: no filesystem for it ({java_message(err)}); check the scheme "
                              "and Spark's filesystem settings (spark.hadoop.fs.<scheme>.impl).") from err
-        if fs.getUri().getScheme() == "file":
+        checksums = jvm.java.lang.Class.forName("org.apache.hadoop.fs.ChecksumFileSystem")
+        if checksums.isInstance(fs):
             fs = fs.getRawFileSystem()  # no .crc files beside the driver's files
         self._bind(fs, fs.makeQualified(path))
         try:  # the first call that talks to the store: an address or credentials problem is a setting's
@@ -78,6 +81,15 @@ class RunFiles:
     def _path(self, name: str) -> Any:
         return self._root if not name else self._jvm.org.apache.hadoop.fs.Path(self._root, name)
 
+    def _local_path(self, local: Path) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(self._jvm.java.io.File(str(local.resolve())).toURI())
+
+    def _call(self, what: str, name: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Py4JJavaError as err:
+            raise OSError(f"{what} {self.display(name)} failed ({java_message(err)})") from err
+
     def uri(self, name: str = "") -> str:
         """Where `name` is, for Spark's readers and writers."""
         return str(self._path(name))
@@ -89,53 +101,65 @@ class RunFiles:
         return self.uri(name)
 
     def exists(self, name: str = "") -> bool:
-        return bool(self._fs.exists(self._path(name)))
+        return bool(self._call("checking", name, lambda: self._fs.exists(self._path(name))))
 
     def is_file(self, name: str = "") -> bool:
-        return self.exists(name) and bool(self._fs.getFileStatus(self._path(name)).isFile())
+        return self.exists(name) and bool(
+            self._call("checking", name, lambda: self._fs.getFileStatus(self._path(name)).isFile()))
 
     def read_bytes(self, name: str) -> bytes:
-        stream = self._fs.open(self._path(name))
-        try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-        finally:
-            stream.close()
+        if self.local is not None:
+            return (self.local / name).read_bytes()
+
+        def read() -> bytes:
+            stream = self._fs.open(self._path(name))
+            try:
+                return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            finally:
+                stream.close()
+
+        return bytes(self._call("reading", name, read))
 
     def read_text(self, name: str) -> str:
         return self.read_bytes(name).decode("utf-8")
 
     def write_text(self, name: str, text: str) -> None:
-        stream = self._fs.create(self._path(name), True)
-        try:
-            stream.write(bytearray(text.encode("utf-8")))
-        finally:
-            stream.close()
+        def write() -> None:
+            stream = self._fs.create(self._path(name), True)
+            try:
+                stream.write(bytearray(text.encode("utf-8")))
+            finally:
+                stream.close()
+
+        self._call("writing", name, write)
 
     def upload(self, local: Path, name: str, *, overwrite: bool = False) -> None:
         """Copy a local file or folder to `name` (which must not exist, unless `overwrite` and a file)."""
-        source = self._jvm.org.apache.hadoop.fs.Path(local.resolve().as_uri())
-        self._fs.copyFromLocalFile(False, overwrite, source, self._path(name))
+        self._call("copying to", name,
+                   lambda: self._fs.copyFromLocalFile(False, overwrite, self._local_path(local), self._path(name)))
 
     def download(self, name: str, local: Path) -> Path:
-        """Copy `name` (a file or folder) to the local path `local`; return it."""
-        target = self._jvm.org.apache.hadoop.fs.Path(local.resolve().as_uri())
-        self._fs.copyToLocalFile(False, self._path(name), target, True)
+        """Copy `name` (a file or folder) to the local path `local`, which must not exist yet; return it."""
+        if local.exists():
+            raise FileExistsError(f"{local} exists: download copies to a new path")
+        self._call("copying from", name,
+                   lambda: self._fs.copyToLocalFile(False, self._path(name), self._local_path(local), True))
         return local
 
     def mkdirs(self, name: str = "") -> None:
-        if not self._fs.mkdirs(self._path(name)):
-            raise OSError(f"{self.display(name)} could not be made")
+        if not self._call("making", name, lambda: self._fs.mkdirs(self._path(name))):
+            raise OSError(f"making {self.display(name)} failed")
 
     def delete(self, name: str) -> None:
-        self._fs.delete(self._path(name), True)
+        self._call("removing", name, lambda: self._fs.delete(self._path(name), True))
 
     def discard(self, name: str) -> None:
         """Delete `name` if it is there; a failure is logged, not raised: clean-up must not hide the error
-        that led to it."""
+        that led to it, nor fail a stage that has finished."""
         try:
             self.delete(name)
-        except Py4JJavaError as err:
-            log.warning("could not remove %s: %s", self.display(name), java_message(err))
+        except OSError as err:
+            log.warning("could not remove %s: %s", self.display(name), err)
 
     def rename(self, source: str, target: str) -> None:
         what = f"renaming {self.display(source)} to {self.display(target)} failed"
@@ -148,22 +172,31 @@ class RunFiles:
 
     def move_into_place(self, staged: str, target: str, *, overwrite: bool) -> None:
         """Rename `staged` to `target`; an existing target is replaced only with `overwrite`."""
-        if self.exists(target):
-            if not overwrite:
-                raise FileExistsError(f"{self.display(target)} already exists; pass --overwrite or choose another "
-                                      "output_dir.")
-            old = f"{_parent(target)}.{_base(target)}.old-{uuid.uuid4().hex[:8]}"
-            self.rename(target, old)  # Hadoop's rename moves into an existing folder: clear the name first
-            try:
-                self.rename(staged, target)
-            except BaseException:
-                self.rename(old, target)  # the previous results stay where they were
-                raise
-            self.delete(old)
-        else:
+        if not self.exists(target):
             if _parent(target):
                 self.mkdirs(_parent(target))
             self.rename(staged, target)
+            return
+        if not overwrite:
+            raise FileExistsError(f"{self.display(target)} already exists; pass --overwrite or choose another "
+                                  "output_dir.")
+        old = f"{_parent(target)}.{_base(target)}.old-{uuid.uuid4().hex[:8]}"
+        self.rename(target, old)  # Hadoop's rename moves into an existing folder: clear the name first
+        try:
+            self.rename(staged, target)
+        except BaseException:
+            self._restore(old, target)
+            raise
+        self.discard(old)
+
+    def _restore(self, old: str, target: str) -> None:
+        """Put the previous results back after a failed replacement (a copying rename may have left a part)."""
+        try:
+            if self.exists(target):
+                self.delete(target)
+            self.rename(old, target)
+        except OSError as err:
+            log.warning("the previous %s stays at %s: %s", self.display(target), self.display(old), err)
 
     def parent(self) -> tuple[RunFiles, str]:
         """The folder holding this directory, and this directory's name in it."""
@@ -175,14 +208,22 @@ class RunFiles:
         other._bind(self._fs, up)
         return other, str(self._root.getName())
 
-    def nearest_existing(self) -> tuple[str, bool]:
-        """The closest existing folder at or above this directory, and whether it is a file instead."""
-        path = self._root
-        while path is not None and not self._fs.exists(path):
+    def nearest_existing_above(self) -> tuple[str, bool]:
+        """The closest existing folder above this directory (where `run` stages it), and whether it is a
+        file instead."""
+        path = self._root.getParent()
+        while path is not None and not self._exists_at(path):
             path = path.getParent()
         if path is None:
-            return self.root, False
-        return str(path), bool(self._fs.getFileStatus(path).isFile())
+            return self.display(), False
+        shown = path.toUri().getPath() if self.local is not None else str(path)
+        return str(shown), bool(self._fs.getFileStatus(path).isFile())
+
+    def _exists_at(self, path: Any) -> bool:
+        try:
+            return bool(self._fs.exists(path))
+        except Py4JJavaError as err:
+            raise OSError(f"checking {path} failed ({java_message(err)})") from err
 
     def can_create_in(self, folder: str) -> str | None:
         """None if a folder can be made in `folder`; else why not."""

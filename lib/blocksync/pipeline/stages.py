@@ -81,7 +81,10 @@ class _Staging:
 
 
 def run_files(spark: SparkSession, run_dir: RunDir) -> RunFiles:
-    return run_dir if isinstance(run_dir, RunFiles) else RunFiles(spark, run_dir)
+    files = run_dir if isinstance(run_dir, RunFiles) else RunFiles(spark, run_dir)
+    if files.is_file():
+        raise ValueError(f"output_dir={files.display()!r} is a file, not a directory; choose another output_dir.")
+    return files
 
 
 def _require(files: RunFiles, name: str, what: str, hint: str) -> None:
@@ -117,7 +120,7 @@ def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
     if files.is_file():
         raise ValueError(f"output_dir={where!r} is a file, not a directory; choose another output_dir.")
     _refuse_existing(files, "", overwrite)
-    ancestor, is_file = files.nearest_existing()
+    ancestor, is_file = files.nearest_existing_above()
     if is_file:
         raise ValueError(f"output_dir={where!r}: {ancestor} is a file, so the directory cannot be made there; "
                          "choose another output_dir.")
@@ -169,8 +172,9 @@ def train_stage(spark: SparkSession, config: RunConfig, run_dir: RunDir, *, over
     if prep_meta.get("inputs"):  # measured by prepare: training checks the split against those cardinalities
         result = train(spark, spark.read.parquet(train_path), config.train, label="label", progress=progress,
                        weight=weight, inputs=InputSpec.from_dicts(prep_meta["inputs"]).inputs)
-    elif config.train.blocks == "files":
-        result = train_files(spark, train_path, config.train, features="features", label="label", progress=progress,
+    elif config.train.blocks == "files":  # pyarrow reads it: a plain path where the run directory is local
+        local = str(files.local / "prepared" / "train.parquet") if files.local is not None else train_path
+        result = train_files(spark, local, config.train, features="features", label="label", progress=progress,
                              weight=weight)
     else:
         result = train(spark, spark.read.parquet(train_path), config.train, features="features", label="label",
