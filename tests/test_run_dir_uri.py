@@ -55,6 +55,11 @@ def test_a_run_directory_on_an_sftp_server_matches_a_local_one(tmp_path):
             f"blocksync: error: {server.uri(served / 'run')} already exists; pass --overwrite or choose another "
             "output_dir.")
         assert (served / "run" / "metrics.json").read_bytes() == before
+        # With --overwrite the new run replaces the old one (the same seeds: the same model), log included.
+        replaced = cli("run", *remote, f"output_dir={server.uri(served / 'run')}", "--overwrite")
+        assert replaced.returncode == 0, replaced.stderr[-3000:]
+        assert (served / "run" / "metrics.json").read_bytes() != before  # new timings
+        assert (served / "run" / "spark.log").stat().st_size > 0
         under_a_file = cli("run", *remote, f"output_dir={server.uri(served / 'a_file' / 'run')}")
         assert under_a_file.returncode == 2
         assert "a_file is a file, so the directory cannot be made there" in under_a_file.stderr
