@@ -48,25 +48,35 @@ class SftpServer:
         # JSch, as shaded in Hadoop, speaks ECDSA keys (PEM for the client key), not ed25519.
         for key, extra in ((self.folder / "host_key", []), (self.key, ["-m", "PEM"])):
             subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", *extra, "-f", str(key)], check=True)
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
+        for _ in range(3):  # the free port was free when asked; another process may take it before sshd binds it
+            if self._start():
+                return self
+            self.port = _free_port()
+        raise RuntimeError(f"sshd did not start: {(self.folder / 'sshd.log').read_text()[-2000:]}")
+
+    def _start(self) -> bool:
+        """Start sshd on `self.port`; False if it exits before it listens."""
         config = self.folder / "sshd_config"
         config.write_text(f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.folder / 'host_key'}\n"
                           f"AuthorizedKeysFile {self.key}.pub\nPasswordAuthentication no\n"
                           "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
                           f"Subsystem sftp internal-sftp\nPidFile {self.folder / 'sshd.pid'}\n")
-        if os.geteuid() == 0:
-            Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
         self._log = (self.folder / "sshd.log").open("wb")
         self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=self._log)
         deadline = time.monotonic() + 20
         while True:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as probe:
+                    banner = probe.recv(64)
+                if banner.startswith(b"SSH-") and self._proc.poll() is None:  # sshd's, not another listener's
+                    return True
+                raise ConnectionError(f"not sshd on port {self.port}: {banner!r}")
             except OSError:
                 if self._proc.poll() is not None or time.monotonic() > deadline:
                     self.__exit__()
-                    log = (self.folder / "sshd.log").read_text()[-2000:]
-                    raise RuntimeError(f"sshd did not start: {log}") from None
+                    return False
                 time.sleep(0.1)
 
     def uri(self, path: Path) -> str:
