@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,3 +105,12 @@ def test_run_files_write_rename_and_restore_like_a_filesystem(spark, tmp_path, m
     assert sorted(p.name for p in (tmp_path / "runs" / "one").iterdir()) == ["result"]
     copy = files.download("result", tmp_path / "copy")
     assert (copy / "metrics.json").read_text() == "{}"
+
+
+def test_a_model_uri_without_a_spark_session_says_what_to_do():
+    code = "from blocksync import load_model; load_model('s3a://bucket/runs/one')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ValueError: s3a://bucket/runs/one is a URI, read through Spark's filesystem: start a SparkSession first, "
+        "or give a folder on this machine's disk.")

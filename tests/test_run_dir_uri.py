@@ -55,10 +55,11 @@ def test_a_run_directory_on_an_sftp_server_matches_a_local_one(tmp_path):
             f"blocksync: error: {server.uri(served / 'run')} already exists; pass --overwrite or choose another "
             "output_dir.")
         assert (served / "run" / "metrics.json").read_bytes() == before
-        # With --overwrite the new run replaces the old one (the same seeds: the same model), log included.
+        # With --overwrite the new run replaces the whole old one (the same seeds: the same model), log included.
+        (served / "run" / "left-by-the-old-run").write_text("")
         replaced = cli("run", *remote, f"output_dir={server.uri(served / 'run')}", "--overwrite")
         assert replaced.returncode == 0, replaced.stderr[-3000:]
-        assert (served / "run" / "metrics.json").read_bytes() != before  # new timings
+        assert not (served / "run" / "left-by-the-old-run").exists()
         assert (served / "run" / "spark.log").stat().st_size > 0
         under_a_file = cli("run", *remote, f"output_dir={server.uri(served / 'a_file' / 'run')}")
         assert under_a_file.returncode == 2
@@ -69,6 +70,9 @@ def test_a_run_directory_on_an_sftp_server_matches_a_local_one(tmp_path):
                      "--output", server.uri(served / "scored.parquet"), "--quiet",
                      *[f"--conf={k}={v}" for k, v in server.spark_conf().items()])
         assert scored.returncode == 0, scored.stderr[-3000:]
+    # The files went over SSH: the server logged the client's logins, and no local folder took the URI's name.
+    assert "Accepted publickey" in (tmp_path / "sshd" / "sshd.log").read_text()
+    assert not (REPO / "sftp:").exists()
     metrics = check_run_dir(served / "run")  # the layout, as the server stored it
     assert not [p.name for p in served.iterdir() if p.name.startswith(".")]  # no staging left behind
     # The same run into a local folder: the same model, bit for bit, and the same test accuracy.

@@ -106,6 +106,9 @@ def load_model(path: str | Path, *, trust_custom_code: bool = False) -> SavedMod
         return _load_directory(Path(path), str(path), trust_custom_code)
     files = _files_of_active_session(path)
     if files is None:
+        if is_uri(str(path)):
+            raise ValueError(f"{path} is a URI, read through Spark's filesystem: start a SparkSession first, or "
+                             "give a folder on this machine's disk.")
         return _load_directory(Path(path), str(path), trust_custom_code)
     return load_model_from(files, trust_custom_code=trust_custom_code)
 

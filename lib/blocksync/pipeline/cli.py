@@ -132,7 +132,7 @@ def execute(stage: str, args: argparse.Namespace) -> int:
         config.progress = False
         logging.getLogger().setLevel(logging.WARNING)
     if stage == "run":  # before Spark starts: settings that would otherwise fail minutes later
-        pipeline.check_settings(config, overwrite=args.overwrite)
+        pipeline.check_settings(config)
     elif stage == "train":
         pipeline.check_checkpoint_dir(config.train.checkpoint.dir)
         check_importable(config.train.model)

@@ -208,16 +208,16 @@ class RunFiles:
         other._bind(self._fs, up)
         return other, str(self._root.getName())
 
-    def nearest_existing_above(self) -> tuple[str, bool]:
-        """The closest existing folder above this directory (where `run` stages it), and whether it is a
-        file instead."""
+    def nearest_existing_above(self) -> tuple[str, bool, str]:
+        """The closest existing folder above this directory (where `run` stages it): as shown to people,
+        whether it is a file instead, and its URI."""
         path = self._root.getParent()
         while path is not None and not self._exists_at(path):
             path = path.getParent()
         if path is None:
-            return self.display(), False
+            return self.display(), False, self.root
         shown = path.toUri().getPath() if self.local is not None else str(path)
-        return str(shown), bool(self._fs.getFileStatus(path).isFile())
+        return str(shown), bool(self._fs.getFileStatus(path).isFile()), str(path)
 
     def _exists_at(self, path: Any) -> bool:
         try:

@@ -97,7 +97,7 @@ def _refuse_existing(files: RunFiles, name: str, overwrite: bool) -> None:
         raise FileExistsError(f"{files.display(name)} already exists; pass --overwrite or choose another output_dir.")
 
 
-def check_settings(config: RunConfig, *, overwrite: bool) -> None:
+def check_settings(config: RunConfig) -> None:
     """What would otherwise fail late, checked before any Spark work: the checkpoint store, a custom model's
     import path, the loss, and settings that do not go together. Each error names its setting. The output
     directory is checked through Spark's filesystem once the session is up (`check_output_dir`)."""
@@ -120,12 +120,12 @@ def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
     if files.is_file():
         raise ValueError(f"output_dir={where!r} is a file, not a directory; choose another output_dir.")
     _refuse_existing(files, "", overwrite)
-    ancestor, is_file = files.nearest_existing_above()
+    ancestor, is_file, ancestor_uri = files.nearest_existing_above()
     if is_file:
         raise ValueError(f"output_dir={where!r}: {ancestor} is a file, so the directory cannot be made there; "
                          "choose another output_dir.")
     # Making a folder is the only reliable test (root passes permission checks; read-only mounts do not).
-    why = files.can_create_in(ancestor)
+    why = files.can_create_in(ancestor_uri)
     if why is not None:
         raise ValueError(f"output_dir={where!r} cannot be written ({ancestor}: {why}); "
                          "choose a writable output_dir.")
@@ -235,7 +235,7 @@ def track(config: RunConfig, files: RunFiles, metrics: dict[str, Any], history: 
 
 def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     """prepare + train + evaluate into a fresh run directory beside the target, renamed into place at the end."""
-    check_settings(config, overwrite=overwrite)
+    check_settings(config)
     target = RunFiles(spark, config.output_dir)
     check_output_dir(target, overwrite=overwrite)
     parent, name = target.parent()
