@@ -225,6 +225,29 @@ def make_blocks(
     own and placed after each block's training rows. `weight` names a numeric column of per-row
     weights, carried as the blocks' `weight` column and checked here (finite, >= 0).
     """
+    data = _block_columns(df, features, label, validation_col, weight, inputs)
+    content = [F.col(c.name) for c in data.schema.fields if c.name in (FEATURES, IDS, LABEL)]
+    if validation_fraction > 0:
+        share = F.pmod(F.xxhash64(F.lit(seed + 1), *content), F.lit(1_000_000))
+        data = data.withColumn("_val", share < F.lit(int(validation_fraction * 1_000_000)))
+
+    key = F.xxhash64(F.lit(seed), *content)
+    num_buckets = max(4 * num_workers, 16)
+    keyed = data.withColumn("_key", key).withColumn("_bucket", F.pmod(F.col("_key"), F.lit(num_buckets)))
+    stats = _bucket_stats(keyed, weight)
+    num_features = _check_stats(stats) if inputs is None else _check_rows(stats, inputs.float_width)
+    _check_weights(stats, weight)
+    validating = validation_col is not None or validation_fraction > 0
+    totals = _check_totals(stats, num_workers, validating, validation_col, validation_fraction)
+    blocks = _assign_blocks(keyed, stats, num_buckets, num_workers, weight)
+    sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
+    return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
+                             val_sizes=sizes[True] if validating else None, inputs=inputs)
+
+
+def _block_columns(df: DataFrame, features: str | list[str], label: str, validation_col: str | None,
+                   weight: str | None, inputs: InputSpec | None) -> DataFrame:
+    """The columns a block carries, checked: features (or packed inputs), label, validation flag, weight."""
     weights = [weight_column(df, weight).alias(WEIGHT)] if weight else []
     if inputs is None:
         check_label_not_a_feature(features, label)
@@ -235,17 +258,13 @@ def make_blocks(
         check_label_not_an_input(df, inputs, label)
         floats, ids = packed_columns(df, inputs)
         values = [floats.alias(FEATURES), ids.alias(IDS)]
-    data = df.select(*values, label_column(df, label).alias(LABEL), validation_flag(df, validation_col).alias("_val"),
+    return df.select(*values, label_column(df, label).alias(LABEL), validation_flag(df, validation_col).alias("_val"),
                      *weights)
-    content = [F.col(c.name) for c in data.schema.fields if c.name in (FEATURES, IDS, LABEL)]
-    if validation_fraction > 0:
-        share = F.pmod(F.xxhash64(F.lit(seed + 1), *content), F.lit(1_000_000))
-        data = data.withColumn("_val", share < F.lit(int(validation_fraction * 1_000_000)))
 
-    key = F.xxhash64(F.lit(seed), *content)
-    num_buckets = max(4 * num_workers, 16)
-    keyed = data.withColumn("_key", key).withColumn("_bucket", F.pmod(F.col("_key"), F.lit(num_buckets)))
-    stats = keyed.groupBy("_val", "_bucket").agg(
+
+def _bucket_stats(keyed: DataFrame, weight: str | None) -> list:
+    """One aggregate pass: per (held out, bucket), the row count and what the checks need."""
+    return keyed.groupBy("_val", "_bucket").agg(
         F.count(F.lit(1)).alias("n"),
         F.min(F.size(FEATURES)).alias("dmin"),
         F.max(F.size(FEATURES)).alias("dmax"),
@@ -253,29 +272,33 @@ def make_blocks(
         F.sum(bad_weight_flag() if weight else F.lit(0)).alias("bad_weights"),
         *label_aggregates(),
     ).collect()
-    num_features = _check_stats(stats) if inputs is None else _check_rows(stats, inputs.float_width)
-    _check_weights(stats, weight)
+
+
+def _check_totals(stats: list, num_workers: int, validating: bool, validation_col: str | None,
+                  validation_fraction: float) -> dict[bool, int]:
+    """Rows for training (False) and held out (True); refuses too few of either."""
     totals = {held: sum(int(r["n"]) for r in stats if r["_val"] is held) for held in (False, True)}
     if any(r["_val"] is None for r in stats):
         raise ValueError(f"validation column {validation_col!r} has nulls; mark every row true or false.")
     check_enough_rows(totals[False], num_workers)
-    if (validation_col is not None or validation_fraction > 0) and not totals[True]:
+    if validating and not totals[True]:
         where = (f"validation column {validation_col!r}" if validation_col
                  else f"validation_fraction={validation_fraction:g}")
         raise ValueError(f"{where} holds out no rows; mark some rows true, or raise the fraction.")
+    return totals
 
+
+def _assign_blocks(keyed: DataFrame, stats: list, num_buckets: int, num_workers: int,
+                   weight: str | None) -> DataFrame:
+    """Deal each set's rows round-robin over the blocks, bucket after bucket in key order, and place them."""
     offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
-    tie_break = [*(c for c in (FEATURES, IDS) if c in data.columns), LABEL, *([WEIGHT] if weight else [])]
+    tie_break = [*(c for c in (FEATURES, IDS) if c in keyed.columns), LABEL, *([WEIGHT] if weight else [])]
     index_in_bucket = F.row_number().over(Window.partitionBy("_val", "_bucket").orderBy("_key", *tie_break)) - 1
     bucket = F.col("_bucket").cast("int") + 1
     bucket_offset = F.when(F.col("_val"), F.element_at(F.array(*[F.lit(o) for o in offsets[True]]), bucket)).otherwise(
         F.element_at(F.array(*[F.lit(o) for o in offsets[False]]), bucket))
     assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
-    blocks = place_blocks(assigned, block="_block", order=["_val", "_key", *tie_break], num_workers=num_workers)
-    sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
-    held_out = sizes[True] if (validation_col is not None or validation_fraction > 0) else None
-    return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
-                             val_sizes=held_out, inputs=inputs)
+    return place_blocks(assigned, block="_block", order=["_val", "_key", *tie_break], num_workers=num_workers)
 
 
 def _balanced(total: int, num_workers: int) -> list[int]:

@@ -25,9 +25,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from blocksync.engine.blocks import features_column
+from blocksync.engine.models import state_bytes
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
 from blocksync.ml.persistence import path_exists
-from blocksync.pipeline.artifacts import META, WEIGHTS, load_model_from
+from blocksync.pipeline.artifacts import META, load_model_from
 from blocksync.pipeline.prepare import standardized
 from blocksync.pipeline.run_files import RunFiles
 from blocksync.pipeline.sources import read_path_or_table
@@ -38,11 +39,10 @@ PREPARED = "__blocksync_features"
 def run_model(files: RunFiles, *, trust_custom_code: bool) -> tuple[BlockSyncModelBase, dict[str, Any]]:
     """A CLI run's model as a Spark ML model, and its model.json (feature columns, standardization, labels)."""
     saved = load_model_from(files, trust_custom_code=trust_custom_code)  # checks files, weights and trust
-    weights = f"model/{WEIGHTS}" if files.exists(f"model/{META}") else WEIGHTS
     meta = saved.meta
     cls = BlockSyncClassificationModel if meta["task"] == "classification" else BlockSyncRegressionModel
-    model = cls(files.read_bytes(weights), {k: meta.get(k) for k in ("model", "num_features", "num_outputs",
-                                                                      "task", "inputs")})
+    spec = {k: meta.get(k) for k in ("model", "num_features", "num_outputs", "task", "inputs")}
+    model = cls(state_bytes(saved.module), spec)  # the loaded network's tensors: a remote model is read once
     model.setFeaturesCol(PREPARED)
     if isinstance(model, BlockSyncClassificationModel):
         model._set(rawPredictionCol="")  # predict writes prediction and probability only
