@@ -97,3 +97,12 @@ def test_exponent_notation_and_dotted_spark_keys(tmp_path):
     config = load_config(path, ["train.momentum=1e-1", "spark.conf.spark.task.cpus=2"])
     assert (config.train.lr, config.train.weight_decay, config.train.momentum) == (0.001, 0.0005, 0.1)
     assert config.spark.conf == {"spark.task.cpus": 2}
+
+
+@pytest.mark.parametrize("item", ["spark.hadoop.fs.defaultFS", "=hdfs://nn:8020"])
+def test_a_predict_conf_without_key_and_value_exits_2_before_spark_starts(capsys, item):
+    code, err = run_cli(capsys, "predict", "--model", "runs/none", "--input", "in.parquet", "--output", "out.parquet",
+                        "--conf", item)
+    assert code == 2
+    assert err == (f"blocksync: error: --conf {item!r}: give KEY=VALUE, e.g. --conf "
+                   "spark.hadoop.fs.defaultFS=hdfs://nn:8020.")
