@@ -38,6 +38,14 @@ def java_message(err: Py4JJavaError) -> str:
     return f"{cause.getClass().getSimpleName()}: {message[0] if message else ''}".strip()
 
 
+def _java(failed: str, call: Callable[[], Any]) -> Any:
+    """`call()`, with a filesystem's Java error raised as an OSError: `failed` and the Java message."""
+    try:
+        return call()
+    except Py4JJavaError as err:
+        raise OSError(f"{failed} ({java_message(err)})") from err
+
+
 class RunFiles:
     """Files under one directory (`root`), named by paths relative to it ("" is the directory itself)."""
 
@@ -85,10 +93,7 @@ class RunFiles:
         return self._jvm.org.apache.hadoop.fs.Path(self._jvm.java.io.File(str(local.resolve())).toURI())
 
     def _call(self, what: str, name: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Py4JJavaError as err:
-            raise OSError(f"{what} {self.display(name)} failed ({java_message(err)})") from err
+        return _java(f"{what} {self.display(name)} failed", call)
 
     def uri(self, name: str = "") -> str:
         """Where `name` is, for Spark's readers and writers."""
@@ -163,11 +168,7 @@ class RunFiles:
 
     def rename(self, source: str, target: str) -> None:
         what = f"renaming {self.display(source)} to {self.display(target)} failed"
-        try:
-            renamed = self._fs.rename(self._path(source), self._path(target))
-        except Py4JJavaError as err:
-            raise OSError(f"{what} ({java_message(err)})") from err
-        if not renamed:
+        if not _java(what, lambda: self._fs.rename(self._path(source), self._path(target))):
             raise OSError(what)
 
     def move_into_place(self, staged: str, target: str, *, overwrite: bool) -> None:
@@ -220,10 +221,7 @@ class RunFiles:
         return str(shown), bool(self._fs.getFileStatus(path).isFile()), str(path)
 
     def _exists_at(self, path: Any) -> bool:
-        try:
-            return bool(self._fs.exists(path))
-        except Py4JJavaError as err:
-            raise OSError(f"checking {path} failed ({java_message(err)})") from err
+        return bool(_java(f"checking {path} failed", lambda: self._fs.exists(path)))
 
     def can_create_in(self, folder: str) -> str | None:
         """None if a folder can be made in `folder`; else why not."""

@@ -82,9 +82,13 @@ class _Staging:
 
 def run_files(spark: SparkSession, run_dir: RunDir) -> RunFiles:
     files = run_dir if isinstance(run_dir, RunFiles) else RunFiles(spark, run_dir)
+    _refuse_a_file(files)
+    return files
+
+
+def _refuse_a_file(files: RunFiles) -> None:
     if files.is_file():
         raise ValueError(f"output_dir={files.display()!r} is a file, not a directory; choose another output_dir.")
-    return files
 
 
 def _require(files: RunFiles, name: str, what: str, hint: str) -> None:
@@ -117,8 +121,7 @@ def check_settings(config: RunConfig) -> None:
 def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
     """`output_dir` is a folder, or can be made: asked of the filesystem Spark writes it with."""
     where = files.display()
-    if files.is_file():
-        raise ValueError(f"output_dir={where!r} is a file, not a directory; choose another output_dir.")
+    _refuse_a_file(files)
     _refuse_existing(files, "", overwrite)
     ancestor, is_file, ancestor_uri = files.nearest_existing_above()
     if is_file:
