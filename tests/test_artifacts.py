@@ -114,3 +114,11 @@ def test_a_model_uri_without_a_spark_session_says_what_to_do():
     assert proc.stderr.strip().splitlines()[-1] == (
         "ValueError: s3a://bucket/runs/one is a URI, read through Spark's filesystem: start a SparkSession first, "
         "or give a folder on this machine's disk.")
+
+
+def test_show_report_without_a_spark_session_says_what_to_do():
+    code = "from blocksync.pipeline.notebook import show_report; show_report('runs/local')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ValueError: show_report reads the run directory through Spark: start a session or pass spark=.")
