@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
-              "accuracy", "demo", "netcluster", "scaling")
-NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring", "accuracy")
+              "model_selection", "accuracy", "demo", "netcluster", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring",
+               "model_selection", "accuracy")
 REPO = Path(__file__).resolve().parent.parent
 
 
