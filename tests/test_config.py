@@ -24,7 +24,7 @@ def test_precedence_defaults_yaml_overrides():
     config = load_config(REPO / "conf" / "local.yaml", ["train.epochs=3", "train.model.hidden=[8, 4]"])
     assert config.train.epochs == 3                    # override
     assert config.train.model.hidden == [8, 4]         # override of a nested list
-    assert config.train.lr == 0.002                    # YAML
+    assert config.train.batch_size == 64               # YAML (the default is 128)
     assert config.train.momentum == 0.9                # default
     assert config.data.synthetic.rows == 100_000       # default inside an absent section
 

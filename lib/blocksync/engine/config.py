@@ -251,6 +251,12 @@ class TrainConfig:
     """Fault injection (tests, demos)."""
 
     def __post_init__(self) -> None:
+        self._nest_sections()
+        self._check_faults_and_compression()
+        self._check_choices_and_ranges()
+
+    def _nest_sections(self) -> None:
+        """YAML and keyword callers pass the sections as dicts."""
         if isinstance(self.model, dict):
             self.model = ModelSpec(**self.model)
         if isinstance(self.horovod, dict):
@@ -261,6 +267,8 @@ class TrainConfig:
             self.checkpoint = CheckpointSettings(**self.checkpoint)
         if isinstance(self.timeouts, dict):
             self.timeouts = TimeoutSettings(**self.timeouts)
+
+    def _check_faults_and_compression(self) -> None:
         _positive("max_restarts", self.max_restarts, allow_zero=True)
         if self.faults.kill_rank is not None and self.faults.kill_rank >= self.num_workers:
             raise ValueError(f"faults.kill_rank={self.faults.kill_rank} but num_workers={self.num_workers}.")
@@ -279,6 +287,8 @@ class TrainConfig:
             )
         if self.faults.slow_rank is not None and self.faults.slow_rank >= self.num_workers:
             raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
+
+    def _check_choices_and_ranges(self) -> None:
         _choice("backend", self.backend, BACKENDS)
         _choice("blocks", self.blocks, BLOCK_SOURCES)
         _choice("block_storage", self.block_storage, BLOCK_STORAGES)
