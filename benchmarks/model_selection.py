@@ -2,8 +2,8 @@
 
 The test rows decide nothing here: this benchmark prepares the same split as
 `accuracy` (the pipeline's prepare stage) and reads only `train.parquet`. It
-scores a fixed grid of deterministic settings, at the default's step budget
-(30 epochs of batch 64, so `make demo` keeps its time), by repeated stratified
+scores a fixed grid of deterministic settings, at the default's step count
+(30 epochs of batch 64), by repeated stratified
 5-fold cross-validation (2 repeats, 10 folds; every setting sees the same folds):
 
 - `lr`: 0.001, 0.002, 0.004
@@ -17,16 +17,23 @@ which the engine is proven equal to (tests/test_engine.py): the engine's own
 `build_model`, `build_optimizer` and `build_schedule`, so the settings mean
 what they mean in a run; a seeded shuffle per epoch; mean cross-entropy.
 
-The rule, fixed before the grid was first run: the setting with the highest
-mean validation accuracy (a tie goes to the first in grid order) replaces the
-default only if its mean gain over the default, fold by fold, exceeds two
-standard errors of those paired differences. Otherwise the default stays: a
-smaller gain is within what picking the best of 36 by chance would show.
+The rule: among the settings with the default's network (`model.hidden`), so
+the same compute per step and the same `make demo` time, the one with the
+highest mean validation accuracy (a tie goes to the first in grid order)
+replaces the default only if its mean gain over the default, fold by fold,
+exceeds two standard errors of those paired differences. Otherwise the default
+stays: a smaller gain is within what picking the best of 18 by chance would
+show. The wider network is scored and reported beside them, not adopted.
 
-Its first run (commit 0b7da03, default lr=0.002, weight_decay=0, constant,
-hidden [128, 64]: 0.9753) chose lr=0.001, weight_decay=1e-3, constant,
-hidden [256, 128] (0.9808, +0.0055 against two standard errors of 0.0026),
-and conf/local.yaml took it. Run again, it compares against that default.
+History, for the record. The first run (commit 0b7da03) applied the rule to
+all 36 settings. It chose hidden [256, 128], lr=0.001, weight_decay=1e-3
+(0.9808 against the default's 0.9753: +0.0055, two standard errors 0.0026), and
+conf/local.yaml took it (commit 40241ec). That run then scored 0.9677 on the
+test rows on every backend (the default before: 0.9736), and `make demo` took
+30.9 s (median of 3; target under 30 s) because the wider network costs about
+0.9 s more of training (7.0 s against 6.2 s, 3 alternating runs). The cost,
+not the test score, is why the rule now holds the network fixed; but the test
+score was seen before this change, and the closing note of 2026-12-05 says so.
 """
 
 from __future__ import annotations
@@ -101,12 +108,33 @@ def cross_validate(points, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return scores
 
 
-def decide(scores: np.ndarray) -> tuple[int, float, float]:
-    """(index chosen, best's mean gain over the default, two standard errors of the paired gain)."""
-    best = int(np.argmax(scores.mean(axis=1)))
+def decide(scores: np.ndarray, eligible: np.ndarray) -> tuple[int, float, float]:
+    """(index chosen, the best eligible's mean gain over the default, two standard errors of the paired gain).
+
+    Row 0 is the default (eligible by definition); `eligible` marks the rows that may replace it.
+    """
+    means = np.where(eligible, scores.mean(axis=1), -np.inf)
+    best = int(np.argmax(means))
     diff = scores[best] - scores[0]
     two_se = float(2 * diff.std(ddof=1) / np.sqrt(len(diff))) if best else 0.0
     return (best if diff.mean() > two_se else 0), float(diff.mean()), two_se
+
+
+def _markdown(points, scores: np.ndarray, eligible: np.ndarray, payload: dict) -> str:
+    means, stds = scores.mean(axis=1), scores.std(axis=1, ddof=1)
+    lines = [f"# Choosing the default digits config by {REPEATS}x{FOLDS}-fold cross-validation on the "
+             f"{payload['train_rows']} training rows (test rows unused)", "",
+             f"Default: `{points[0][0]}`, mean validation accuracy {means[0]:.4f}.",
+             f"Best with the default's network: `{payload['best']}`, gain over the default "
+             f"{payload['gain_over_default']:+.4f} (two standard errors of the paired gain: "
+             f"{payload['two_standard_errors']:.4f}). Decision: {payload['verdict']}.",
+             f"Best of all (a wider network costs more per step, so it is not a candidate): "
+             f"`{payload['best_of_all']}`.", "",
+             "| rank | setting | mean | std over folds | candidate |", "| --- | --- | --- | --- | --- |"]
+    for rank, i in enumerate(np.argsort(-means, kind="stable")):
+        shown = points[i][0] + (" (default)" if i == 0 else "")
+        lines.append(f"| {rank + 1} | {shown} | {means[i]:.4f} | {stds[i]:.4f} | {'yes' if eligible[i] else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def run(spark) -> dict:
@@ -121,24 +149,17 @@ def run(spark) -> dict:
     torch.set_num_threads(1)
     points = settings(config.train)
     scores = cross_validate(points, x, y)
-    chosen, gain, two_se = decide(scores)
-    means, stds = scores.mean(axis=1), scores.std(axis=1, ddof=1)
-    rows = [{"setting": label, "mean": float(means[i]), "std": float(stds[i]), "folds": scores[i].tolist()}
-            for i, (label, _) in enumerate(points)]
+    eligible = np.array([cfg.model.hidden == config.train.model.hidden for _, cfg in points])
+    chosen, gain, two_se = decide(scores, eligible)
+    best = int(np.argmax(np.where(eligible, scores.mean(axis=1), -np.inf)))
     verdict = (f"adopt `{points[chosen][0]}`" if chosen else
-               "keep the default: the best setting's gain is not above two standard errors")
-    payload = {"config": "conf/local.yaml", "train_rows": len(y), "folds": FOLDS, "repeats": REPEATS,
-               "grid": GRID, "rows": rows, "best": points[int(np.argmax(means))][0], "gain_over_default": gain,
-               "two_standard_errors": two_se, "chosen": points[chosen][0]}
-    order = np.argsort(-means, kind="stable")
-    lines = [f"# Choosing the default digits config by {REPEATS}x{FOLDS}-fold cross-validation on the "
-             f"{len(y)} training rows (test rows unused)", "",
-             f"Default: `{points[0][0]}`, mean validation accuracy {means[0]:.4f}.",
-             f"Best: `{payload['best']}`, gain over the default {gain:+.4f} (two standard errors of the "
-             f"paired gain: {two_se:.4f}). Decision: {verdict}.", "",
-             "| rank | setting | mean | std over folds |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r + 1} | {rows[i]['setting']}{' (default)' if i == 0 else ''} | {means[i]:.4f} | {stds[i]:.4f} |"
-              for r, i in enumerate(order)]
-    write("model_selection", payload, "\n".join(lines) + "\n")
-    print(f"best {payload['best']}: {gain:+.4f} over the default (2 SE {two_se:.4f}); {verdict}", flush=True)
+               "keep the default: the best candidate's gain is not above two standard errors")
+    payload = {"config": "conf/local.yaml", "train_rows": len(y), "folds": FOLDS, "repeats": REPEATS, "grid": GRID,
+               "rows": [{"setting": label, "candidate": bool(eligible[i]), "folds": scores[i].tolist()}
+                        for i, (label, _) in enumerate(points)],
+               "best": points[best][0], "best_of_all": points[int(np.argmax(scores.mean(axis=1)))][0],
+               "gain_over_default": gain, "two_standard_errors": two_se, "chosen": points[chosen][0],
+               "verdict": verdict}
+    write("model_selection", payload, _markdown(points, scores, eligible, payload))
+    print(f"best candidate {payload['best']}: {gain:+.4f} over the default (2 SE {two_se:.4f}); {verdict}", flush=True)
     return payload

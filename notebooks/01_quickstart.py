@@ -26,7 +26,7 @@ from blocksync.pipeline.run_config import load_config
 config = load_config(None, [
     f"output_dir={output_dir}", "progress=false", "spark.master=null", "data.source=digits",
     f"train.num_workers={num_workers}", f"train.epochs={epochs}", "train.backend=horovod",
-    "train.model.hidden=[256, 128]", "train.batch_size=64", "train.lr=0.001", "train.weight_decay=0.001",
+    "train.model.hidden=[128, 64]", "train.batch_size=64", "train.lr=0.002",
 ])
 metrics = run(spark, config, overwrite=True)
 print(f"test accuracy {metrics['test_accuracy']:.4f}, samples/s {metrics['samples_per_sec']:.0f}, "

@@ -18,7 +18,7 @@ def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "unknown benchmark(s) nope; available: allreduce, throughput, horovod_profile, compression, peers, memory, "
-        "memory_limit, scoring, accuracy, demo, netcluster, scaling")
+        "memory_limit, scoring, model_selection, accuracy, demo, netcluster, scaling")
 
 
 def test_scaling_model_is_the_ring_floor_plus_latency():
@@ -40,3 +40,42 @@ def test_the_ring_fit_recovers_a_known_line():
     rows = [{"floor_seconds": f, "seconds": 1.25 * f + 0.003} for f in (0.01, 0.1, 0.4, 1.6)]
     fit = fit_allreduce(rows)
     assert fit["bandwidth_factor"] == pytest.approx(1.25) and fit["fixed_seconds"] == pytest.approx(0.003)
+
+
+def test_model_selection_adopts_only_a_gain_beyond_two_standard_errors():
+    import numpy as np
+    from benchmarks.model_selection import decide
+
+    default = [0.90, 0.92, 0.94, 0.96]
+    both = np.array([True, True])
+    # The same +0.03 on every fold: no spread, so any gain is beyond two standard errors.
+    steady = np.array([default, [0.93, 0.95, 0.97, 0.99]])
+    chosen, gain, two_se = decide(steady, both)
+    assert chosen == 1 and gain == pytest.approx(0.03) and two_se == pytest.approx(0.0, abs=1e-12)
+    # +0.05, -0.03, +0.05, -0.03: mean +0.01; sample std 0.04 * sqrt(4 / 3), so two standard errors are
+    # 2 * 0.0462 / 2 = 0.0462 > 0.01: the default stays.
+    noisy = np.array([default, [0.95, 0.89, 0.99, 0.93]])
+    chosen, gain, two_se = decide(noisy, both)
+    assert chosen == 0 and gain == pytest.approx(0.01) and two_se == pytest.approx(0.04 * (4 / 3) ** 0.5)
+    # A tie for the best mean (exact in binary) goes to the first in grid order: the steady one, adopted;
+    # the second, with its spread, would not be.
+    three = np.array([True, True, True])
+    assert decide(np.array([[0.5] * 4, [0.75] * 4, [1.0, 0.5, 1.0, 0.5]]), three)[0] == 1
+    assert decide(np.array([[0.5] * 4, [1.0, 0.5, 1.0, 0.5], [0.75] * 4]), three)[0] == 0
+    # A setting that is not a candidate (a wider network) is never chosen, however it scores.
+    assert decide(np.array([[0.5] * 4, [0.75] * 4, [1.0] * 4]), np.array([True, True, False]))[:2] == (1, 0.25)
+    assert decide(np.array([[0.5] * 4, [1.0] * 4]), np.array([True, False])) == (0, 0.0, 0.0)
+    # The default itself best: nothing to adopt.
+    assert decide(np.array([[0.99] * 4, [0.93, 0.95, 0.97, 0.99]]), both) == (0, 0.0, 0.0)
+
+
+def test_model_selection_grid_holds_the_default_first():
+    from benchmarks.model_selection import GRID, settings
+
+    from blocksync.engine.config import ModelSpec, TrainConfig
+
+    base = TrainConfig(lr=0.002, weight_decay=1e-4, schedule="cosine", model=ModelSpec(hidden=[256, 128]))
+    points = settings(base)
+    assert len(points) == len(GRID["lr"]) * len(GRID["weight_decay"]) * len(GRID["schedule"]) * len(GRID["hidden"])
+    assert points[0][0] == "lr=0.002 weight_decay=0.0001 schedule=cosine hidden=[256, 128]"
+    assert len({label for label, _ in points}) == len(points)
