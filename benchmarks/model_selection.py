@@ -92,7 +92,11 @@ def settings(base) -> list[tuple[str, object]]:
         points.append((label, cfg))
     is_default = [c.lr == base.lr and c.weight_decay == base.weight_decay and c.schedule == base.schedule
                   and c.model.hidden == base.model.hidden for _, c in points]
-    first = is_default.index(True)  # the grid holds the default: the rule compares against it
+    if not any(is_default):  # the rule compares every setting against the default, fold by fold
+        raise ValueError(f"conf/local.yaml's lr={base.lr:g}, weight_decay={base.weight_decay:g}, "
+                         f"schedule={base.schedule} and hidden={base.model.hidden} are not a point of "
+                         "benchmarks/model_selection.py's GRID; add its values there.")
+    first = is_default.index(True)
     return [points[first], *points[:first], *points[first + 1:]]
 
 

@@ -79,3 +79,6 @@ def test_model_selection_grid_holds_the_default_first():
     assert len(points) == len(GRID["lr"]) * len(GRID["weight_decay"]) * len(GRID["schedule"]) * len(GRID["hidden"])
     assert points[0][0] == "lr=0.002 weight_decay=0.0001 schedule=cosine hidden=[256, 128]"
     assert len({label for label, _ in points}) == len(points)
+    with pytest.raises(ValueError, match=r"lr=0.003, weight_decay=0, schedule=constant and hidden=\[128, 64\] are "
+                       r"not a point of benchmarks/model_selection.py's GRID; add its values there"):
+        settings(TrainConfig(lr=0.003))
