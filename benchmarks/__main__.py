@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import SettingError
+
 BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
               "model_selection", "accuracy", "demo", "netcluster", "scaling")
 NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring",
@@ -26,6 +28,13 @@ def main(argv: list[str]) -> int:
         print(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
     names = [n for n in BENCHMARKS if n in names]
+    modules = {n: importlib.import_module(f"benchmarks.{n}") for n in names}
+    try:  # a benchmark's own settings, before Spark starts
+        for module in modules.values():
+            getattr(module, "check", lambda: None)()
+    except SettingError as err:
+        print(f"benchmarks: {err}", file=sys.stderr)
+        return 2
     # Executors import benchmarks.peer_fns (TorchDistributor, horovod.spark.run): the JVM passes this on.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     spark = None
@@ -39,7 +48,7 @@ def main(argv: list[str]) -> int:
         for name in names:
             start, began = time.perf_counter(), time.time()
             print(f"== {name}", flush=True)
-            importlib.import_module(f"benchmarks.{name}").run(spark)
+            modules[name].run(spark)
             written = sorted(p.name for p in (REPO / "benchmarks" / "results").glob(f"{name}.*")
                              if p.stat().st_mtime >= began)
             print(f"== {name}: wrote {', '.join(f'benchmarks/results/{w}' for w in written) or 'nothing'} in "

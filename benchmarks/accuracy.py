@@ -33,7 +33,7 @@ CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.yaml"
 TOKENS_CONFIG = CONFIG.with_name("digits_tokens.yaml")
 
 
-def _arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     frame = pd.read_parquet(path)
     return np.stack(frame["features"].to_numpy()), frame["label"].to_numpy()
 
@@ -42,8 +42,8 @@ def sklearn_accuracies(prepared: Path) -> dict[str, list[float]]:
     from sklearn.neural_network import MLPClassifier
     from sklearn.svm import SVC
 
-    x, y = _arrays(prepared / "train.parquet")
-    xt, yt = _arrays(prepared / "test.parquet")
+    x, y = read_arrays(prepared / "train.parquet")
+    xt, yt = read_arrays(prepared / "test.parquet")
     mlp = [float((MLPClassifier(random_state=s, max_iter=1000).fit(x, y).predict(xt) == yt).mean())
            for s in SKLEARN_SEEDS]
     return {"sklearn MLPClassifier": mlp, "sklearn SVC": [float((SVC().fit(x, y).predict(xt) == yt).mean())]}
@@ -57,7 +57,7 @@ def tokens_run(spark, tmp: Path, default_prepared: Path) -> tuple[dict, bool]:
     config = load_config(str(TOKENS_CONFIG), [f"output_dir={tmp / 'tokens'}", "progress=false"])
     acc = stages.run(spark, config)["test_accuracy"]
     meta = json.loads((default_prepared / "prepare.json").read_text())
-    x, y = _arrays(default_prepared / "test.parquet")
+    x, y = read_arrays(default_prepared / "test.parquet")
     pixels = np.rint(x.astype(np.float64) * np.asarray(meta["std"]) + np.asarray(meta["mean"]))
     tokens = pd.read_parquet(tmp / "tokens" / "prepared" / "test.parquet")
     raw = tokens[[f"pixel_{i}" for i in range(64)]].to_numpy()

@@ -12,6 +12,10 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+class SettingError(ValueError):
+    """A setting a benchmark cannot run with; the message names it and the fix (`python -m benchmarks` exits 2)."""
+
+
 def machine() -> dict[str, Any]:
     import horovod
     import pyspark

@@ -21,6 +21,21 @@ def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
         "memory_limit, scoring, model_selection, accuracy, demo, netcluster, scaling")
 
 
+def test_bench_refuses_a_setting_a_benchmark_cannot_use_before_starting_spark(monkeypatch, capsys):
+    import benchmarks.__main__ as bench
+    import benchmarks.model_selection as model_selection
+
+    from blocksync.engine.config import TrainConfig
+
+    # conf/local.yaml as if its lr were outside the grid; model_selection's own check refuses it.
+    monkeypatch.setattr(model_selection, "_config", lambda: type("Run", (), {"train": TrainConfig(lr=0.003)})())
+    monkeypatch.setattr("blocksync.pipeline.session.local_session", lambda *a, **k: pytest.fail("Spark started"))
+    assert bench.main(["model_selection"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("benchmarks: conf/local.yaml's lr=0.003, weight_decay=0, schedule=constant and "
+                              "hidden=[128, 64] are not a point of")
+
+
 def test_scaling_model_is_the_ring_floor_plus_latency():
     # 1 GB over 10 Gbit/s (1.25 GB/s) between 2 workers: 2 * 1/2 * 1e9 / 1.25e9 = 0.8 s on the wire.
     assert allreduce_seconds(2, 1e9, 10) == pytest.approx(0.8 + 2 * ALPHA_S + CYCLE_S)
