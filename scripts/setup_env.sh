@@ -136,7 +136,7 @@ else
     [ "$variant" = cuda ] && export HOROVOD_GPU_OPERATIONS=NCCL
     export CMAKE_POLICY_VERSION_MINIMUM=3.5
     log="$build/build.log"
-    say "building horovod $HOROVOD_VERSION against torch $torch_version (about 5 minutes on 2 cores; log: $log)"
+    say "building horovod $HOROVOD_VERSION against torch $torch_version (about 4 minutes on 2 cores; log: $log)"
     ( "$vpy" -m pip wheel -v --no-deps --no-build-isolation "$src" -w "$build/dist" >"$log" 2>&1 ) &
     pid=$!
     start=$(date +%s)
