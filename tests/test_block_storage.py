@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from blocksync import ModelSpec, TrainConfig, train, train_blocks, train_files
-from blocksync.engine.block_store import DiskBlockWriter, MemoryBlock, min_budget_bytes, row_bytes
+from blocksync.engine.block_store import DiskBlockWriter, MemoryBlock, min_budget_bytes, row_bytes, storage_width
 from blocksync.engine.storage import resolve_storage
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff
@@ -82,6 +82,18 @@ def test_a_local_dir_without_room_is_named_with_the_bytes_needed(tmp_path, monke
                                          r"which has 1,000 free"):
         DiskBlockWriter(4, 250, str(tmp_path))  # 250 rows x (4 x 4 + 8) bytes
     assert os.listdir(tmp_path) == []
+
+
+def test_the_size_the_driver_counts_is_what_a_block_with_weights_and_ids_takes_on_disk(tmp_path):
+    writer = DiskBlockWriter(3, 50, str(tmp_path), target_columns=2, id_width=2)
+    writer.append(np.ones((50, 3), np.float32), np.ones((50, 2)), np.zeros((50, 2), np.int64))
+    block = writer.finish(2**20, torch.device("cpu"))
+    try:
+        on_disk = sum(os.fstat(f.fileno()).st_size for f in block._files)
+    finally:
+        block.close()
+    assert on_disk == 50 * (3 * 4 + 2 * 8 + 2 * 8)  # float32 features, int64 ids, float64 label and weight
+    assert 50 * row_bytes(storage_width(3, 2, target_columns=2)) == on_disk
 
 
 def test_the_driver_resolves_and_refuses_storage_before_launch():

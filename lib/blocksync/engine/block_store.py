@@ -48,13 +48,15 @@ LABEL_BYTES = 8  # float64
 
 def row_bytes(num_features: int) -> int:
     """Bytes of one row on disk (and in memory): float32 features and a float64 label. With typed inputs
-    callers pass `storage_width`: an int64 id takes the room of two float32 values."""
+    or row weights callers pass `storage_width`: an int64 id, or a float64 weight, takes the room of two
+    float32 values."""
     return 4 * num_features + LABEL_BYTES
 
 
-def storage_width(num_features: int, id_width: int) -> int:
-    """The float32 width whose `row_bytes` are a row's bytes with `id_width` int64 ids beside the floats."""
-    return num_features + 2 * id_width
+def storage_width(num_features: int, id_width: int, target_columns: int = 1) -> int:
+    """The float32 width whose `row_bytes` are a row's bytes with `id_width` int64 ids beside the floats
+    and `target_columns` float64 targets (2: a label and its weight)."""
+    return num_features + 2 * id_width + 2 * (target_columns - 1)
 
 
 def min_budget_bytes(local_batch_rows: int, num_features: int) -> int:
@@ -155,7 +157,7 @@ class DiskBlockWriter:
         self.directory = directory or spark_local_dir()
         self.num_features, self.id_width = num_features, id_width
         self.target_columns = target_columns
-        needed = expected_rows * row_bytes(storage_width(num_features, id_width))
+        needed = expected_rows * row_bytes(storage_width(num_features, id_width, target_columns))
         free = shutil.disk_usage(self.directory).free
         if needed > free:
             raise ValueError(
@@ -212,7 +214,7 @@ class DiskBlock:
         # the budget for a much larger one (keeping a bit more of it would save little; every window a step
         # maps costs system calls).
         window = max(budget_bytes // 16, min(budget_bytes // 2, total - budget_bytes))
-        self._window = max(window, 2 * PAGE + row_bytes(storage_width(num_features, id_width)))
+        self._window = max(window, 2 * PAGE + row_bytes(storage_width(num_features, id_width, target_columns)))
         if total <= budget_bytes:
             self.kept_rows = rows
         else:  # bytes per row over all the files (targets may be pairs), into what the stream window leaves

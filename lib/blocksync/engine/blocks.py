@@ -1,11 +1,14 @@
 """Driver side: cut a training DataFrame into exactly `num_workers` balanced blocks.
 
-The result has one partition per worker, partition i being block i, with two
-columns: `features` (array<float>) and `label` (double). Assignment is a pure
-function of each row's content and the seed, so it does not depend on how the
-input happened to be partitioned:
+The result has one partition per worker, partition i being block i, with the
+columns `features` (array<float>) and `label` (double), and where asked `ids`
+(typed inputs' id columns, array<long>), `weight` (per-row weights) and `_val`
+(held-out validation rows, placed after each block's training rows).
+Assignment is a pure function of each row's content and the seed, so it does
+not depend on how the input happened to be partitioned:
 
-1. `key = xxhash64(seed, features, label)`; rows are spread over `B` hash buckets.
+1. `key = xxhash64(seed, features, ids, label)` (`ids` only with typed inputs); rows are spread over `B`
+   hash buckets.
 2. Per bucket, rows are numbered in key order (a window per bucket, so no single
    partition holds all data); bucket sizes are collected to the driver (B numbers).
 3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin

@@ -1,7 +1,9 @@
 """One small collective interface with three backends, started inside barrier tasks.
 
-Every backend offers the same three operations on a flat float32 tensor:
-`allreduce_sum`, `broadcast` from a root, and `close`. The training loop fuses
+Every backend offers the same operations on a flat float32 tensor:
+`allreduce_sum`, `broadcast` from a root, `allgather` (every rank's tensor, in
+rank order: what the top-k and int8 compression modes exchange, and the
+replicas' digest check), and `close`. The training loop fuses
 all gradients, each already divided by the step's global batch size, into one
 buffer per step, so each step is exactly one collective call whatever the
 number of parameters.

@@ -51,12 +51,15 @@ class ModelSpec:
     """Which network to build; resolved identically on the driver and every worker."""
 
     name: str = "mlp"
-    """Registry name (`logreg`, `mlp`, `cnn`) or an import path `package.module:factory`
-    whose factory takes (num_features, num_outputs, **options) and returns an nn.Module."""
+    """Registry name or an import path `package.module:factory` (see `models`). One float matrix:
+    `logreg`, `mlp`, `cnn`, or a factory taking (num_features, num_outputs, **options). Typed inputs:
+    `embedding_mlp`, `transformer`, or a factory taking (input_spec, num_outputs, **options). A factory
+    returns an nn.Module."""
     hidden: list[int] = field(default_factory=lambda: [128, 64])
-    """Hidden layer widths of `mlp`."""
+    """Hidden layer widths of `mlp` and `embedding_mlp`."""
     dropout: float = 0.0
-    """Dropout after each hidden layer of `mlp` (0 keeps replicas trivially deterministic)."""
+    """Dropout after each hidden layer of `mlp` and `embedding_mlp`, and in `transformer`'s layers (0 keeps
+    replicas trivially deterministic)."""
     image_shape: list[int] | None = None
     """(channels, height, width) for `cnn`; features are reshaped to it. None: square, 1 channel."""
     options: dict[str, Any] = field(default_factory=dict)

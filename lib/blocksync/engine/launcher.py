@@ -7,8 +7,9 @@ Protocol, from the driver's point of view:
    fail a barrier stage), the feature and label columns must exist and be
    numeric, the data must hold at least one row per worker.
 2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded; or,
-   with `train_files`, `shards.plan_shards`: a balanced row range of the
-   Parquet files per rank, which each worker reads itself (no shuffle).
+   with `train_files`, or `train` given a plain Parquet scan under blocks=auto
+   (`scan.parquet_scan_files`), `shards.plan_shards`: a balanced row range of
+   the Parquet files per rank, which each worker reads itself (no shuffle).
 3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
    the same for every worker (see `worker` for the per-step protocol); and
    where blocks are kept (`storage`: memory or the executors' local disk),
@@ -336,8 +337,9 @@ def train_blocks(
     total_rows = sum(info.sizes)
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
     id_width = info.inputs.id_width if info.inputs is not None else 0
-    storage = resolve_storage(config, info.sizes, storage_width(info.num_features, id_width), per_epoch,
-                              worker_memory(spark, config.num_workers))
+    weighted = (shards.weight is not None) if shards else WEIGHT in blocks.columns
+    storage = resolve_storage(config, info.sizes, storage_width(info.num_features, id_width, 2 if weighted else 1),
+                              per_epoch, worker_memory(spark, config.num_workers))
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,
@@ -348,7 +350,7 @@ def train_blocks(
         block_rows=list(info.sizes),
         val_rows=list(info.val_sizes) if info.val_sizes is not None else None,
         storage=storage,
-        weighted=(shards.weight is not None) if shards else WEIGHT in blocks.columns,
+        weighted=weighted,
         inputs=info.inputs,
     )
     refuse_weighted_custom_loss(config, plan.weighted)

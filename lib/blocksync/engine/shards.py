@@ -12,9 +12,10 @@ with per-rank shards, and the shuffles disappear:
    same balance `make_blocks` guarantees. Label min and max come from the row
    group statistics (a one-column Spark aggregate when a file has none).
 2. Worker (`iter_pieces`): read the row groups overlapping its range one at a
-   time (only the feature and label columns), slice each to the range and hand
-   it on as float32 features and float64 labels, into the block in memory or on
-   disk (`block_store`). The per-epoch shuffle of the worker loop then visits
+   time (only the feature and label columns, and the weight column when one is
+   named), slice each to the range and hand it on as float32 features and
+   float64 labels (label and weight pairs with weights), into the block in
+   memory or on disk (`block_store`). The per-epoch shuffle of the worker loop then visits
    the block in random order.
 
 Unlike `make_blocks`, a block is a contiguous run of the files, not a hash

@@ -268,7 +268,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
                 writer.close()
                 raise
             return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
-        width = storage_width(plan.num_features, plan.id_width)
+        width = storage_width(plan.num_features, plan.id_width, 2 if plan.weighted else 1)
         check_block_fits(expected, width)  # a cgroup kills without a MemoryError: check first
         try:
             x, ids, y = _fill(pieces, expected, plan)
