@@ -4,9 +4,10 @@ so where the blocks go, checked before launch.
 A block's bytes are rows x (4 x features + 8): float32 features and a float64 label,
 the same in memory and on disk, plus 8 a row for each int64 id (typed inputs) and for a
 float64 row weight (`block_store.storage_width` counts each as two float32 columns).
-The memory a Python worker may use is known on the driver only in two cases: `spark.executor.pyspark.memory` (which Spark divides
-among an executor's cores and enforces on each Python worker), and local mode,
-where the workers share this machine's available memory. `auto` picks `disk`
+The memory a Python worker may use is known on the driver only in two cases:
+`spark.executor.pyspark.memory` (which Spark divides among an executor's cores
+and enforces on each Python worker), and local mode, where the workers share
+this machine's available memory. `auto` picks `disk`
 when a block is over AUTO_SHARE of that memory; `memory` refuses a block that
 cannot fit at all, before launch.
 """
