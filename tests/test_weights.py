@@ -111,6 +111,24 @@ def test_bad_weights_are_refused_with_the_column_named(spark, tmp_path):
         train_files(spark, str(tmp_path / "bad.parquet"), config("torch_gloo"), weight="nope")
 
 
+def test_the_driver_counts_a_weight_in_a_blocks_size(spark, tmp_path, monkeypatch):
+    from blocksync.engine import launcher
+
+    pdf = weighted_frame(150, seed=8)  # 3 blocks of 50 rows, 6 features
+    pq.write_table(pa.table({"features": pa.array(list(pdf["features"]), pa.list_(pa.float32())),
+                             "label": pdf["label"], "w": pdf["w"]}), tmp_path / "data.parquet")
+    # 50 x (6 x 4 + 8) = 1,600 B without weights, 50 x (6 x 4 + 8 + 8) = 2,000 B with: a worker of 1,800 B
+    # holds the first and not the second.
+    monkeypatch.setattr(launcher, "worker_memory", lambda spark, workers: (1_800, "a test's 1,800 B"))
+    cfg = config("torch_gloo", block_storage="memory", epochs=1)
+    refused = r"block_storage=memory: the largest block holds .* \(a test's 1,800 B\); set train.block_storage=disk"
+    with pytest.raises(ValueError, match=refused):
+        train_files(spark, str(tmp_path / "data.parquet"), cfg, weight="w")
+    with pytest.raises(ValueError, match=refused):
+        train(spark, spark.createDataFrame(pdf), cfg, weight="w")
+    assert train_files(spark, str(tmp_path / "data.parquet"), cfg).metrics["block_storage"] == "memory"
+
+
 def test_the_estimators_weight_col_is_train_with_weights(spark):
     from blocksync.ml import BlockSyncClassifier
 
