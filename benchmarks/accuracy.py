@@ -97,7 +97,7 @@ def run(spark) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         prepared_run = Path(tmp) / "prepared-run"
         stages.prepare_stage(spark, config, prepared_run)
-        by_backend = {}
+        by_backend: dict[str, float] = {}
         for backend in BACKENDS:
             by_backend[backend] = default_run(spark, config, prepared_run, Path(tmp) / backend, backend=backend)
             rows.append({"contender": f"blocksync default config ({backend})", "accuracies": [by_backend[backend]]})
@@ -105,9 +105,9 @@ def run(spark) -> dict:
         seeds = [by_backend[SEED_BACKEND] if seed == config.train.seed else
                  default_run(spark, config, prepared_run, Path(tmp) / f"seed{seed}", backend=SEED_BACKEND, seed=seed)
                  for seed in TRAIN_SEEDS]
-        rows.append({"contender": f"blocksync default config ({SEED_BACKEND}), train.seed 0 to 4",
-                     "accuracies": seeds})
-        print(f"{SEED_BACKEND}, train.seed 0 to 4: {seeds}", flush=True)
+        seed_label = f"train.seed {TRAIN_SEEDS[0]} to {TRAIN_SEEDS[-1]}"
+        rows.append({"contender": f"blocksync default config ({SEED_BACKEND}), {seed_label}", "accuracies": seeds})
+        print(f"{SEED_BACKEND}, {seed_label}: {seeds}", flush=True)
         tokens_row, same_split = tokens_run(spark, Path(tmp), prepared_run / "prepared")
         rows.append(tokens_row)
         print(f"transformer: {tokens_row['accuracies']}, same split: {same_split}", flush=True)

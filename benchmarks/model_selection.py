@@ -94,8 +94,8 @@ def settings(base) -> list[tuple[str, object]]:
                   and c.model.hidden == base.model.hidden for _, c in points]
     if not any(is_default):  # the rule compares every setting against the default, fold by fold
         raise SettingError(f"conf/local.yaml's lr={base.lr:g}, weight_decay={base.weight_decay:g}, "
-                         f"schedule={base.schedule} and hidden={base.model.hidden} are not a point of "
-                         "benchmarks/model_selection.py's GRID; add its values there.")
+                           f"schedule={base.schedule} and hidden={base.model.hidden} are not a point of "
+                           "benchmarks/model_selection.py's GRID; add its values there.")
     first = is_default.index(True)
     return [points[first], *points[:first], *points[first + 1:]]
 

@@ -133,6 +133,11 @@ class WorkerPlan:
     def id_width(self) -> int:
         return self.inputs.id_width if self.inputs is not None else 0
 
+    @property
+    def target_columns(self) -> int:
+        """Float64 targets per row: the label, and its weight when rows are weighted."""
+        return 2 if self.weighted else 1
+
 
 def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.device, str | None]:
     """(device, warning). `auto` uses the task's GPU when CUDA works, else the CPU."""
@@ -259,7 +264,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
         if plan.val_rows is not None:
             pieces = _split_tail(pieces, expected, held_out)
         if plan.storage == "disk":
-            writer = DiskBlockWriter(plan.num_features, expected, target_columns=2 if plan.weighted else 1,
+            writer = DiskBlockWriter(plan.num_features, expected, target_columns=plan.target_columns,
                                      id_width=plan.id_width)
             try:
                 for x, ids, y in pieces:
@@ -268,7 +273,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
                 writer.close()
                 raise
             return writer.finish(plan.config.memory_budget_mb * 2**20, device), ""
-        width = storage_width(plan.num_features, plan.id_width, 2 if plan.weighted else 1)
+        width = storage_width(plan.num_features, plan.id_width, plan.target_columns)
         check_block_fits(expected, width)  # a cgroup kills without a MemoryError: check first
         try:
             x, ids, y = _fill(pieces, expected, plan)
