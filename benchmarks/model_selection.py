@@ -9,6 +9,7 @@ repeats, 10 folds; every setting sees the same folds):
 - `lr`: 0.001, 0.002, 0.004
 - `weight_decay` (Adam's L2): 0, 1e-4, 1e-3
 - `schedule`: constant, cosine
+- `label_smoothing` (cross-entropy's): 0, 0.1
 - `model.hidden`: [128, 64], [256, 128]
 
 Dropout is left out: it would make the default draw random masks, and the
@@ -34,6 +35,13 @@ test rows on every backend (the default before: 0.9736), and `make demo` took
 (results/accuracy.md and demo.md as committed in 21cf992). The cost, not the
 test score, is why the rule now holds the network fixed; but the test score
 was seen before this change, and the closing note of 2026-12-05 says so.
+
+`label_smoothing` joined the grid later (2026-12-05), with the engine's
+`TrainConfig.label_smoothing`. Before that, an exploratory script scored one
+comparison on these same folds, the default against the default with
+label_smoothing 0.1: 0.9828 against 0.9753, a gain of +0.0076 with two standard
+errors 0.0035, and no fold lower. No smoothed model had been scored on the test
+rows when this grid and rule were committed.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from benchmarks.common import SettingError, write
 
 FOLDS, REPEATS = 5, 2
 GRID = {"lr": [0.001, 0.002, 0.004], "weight_decay": [0.0, 1e-4, 1e-3], "schedule": ["constant", "cosine"],
-        "hidden": [[128, 64], [256, 128]]}
+        "label_smoothing": [0.0, 0.1], "hidden": [[128, 64], [256, 128]]}
 
 
 def fold_accuracy(train_cfg, x: np.ndarray, y: np.ndarray, fit: np.ndarray, held: np.ndarray) -> float:
@@ -74,7 +82,7 @@ def fold_accuracy(train_cfg, x: np.ndarray, y: np.ndarray, fit: np.ndarray, held
         for s in range(steps_per_epoch):
             rows = order[s * batch:(s + 1) * batch]
             optimizer.zero_grad()
-            F.cross_entropy(model(xs[rows]), ys[rows]).backward()
+            F.cross_entropy(model(xs[rows]), ys[rows], label_smoothing=train_cfg.label_smoothing).backward()
             optimizer.step()
             schedule.step()
     with torch.no_grad():
@@ -85,17 +93,19 @@ def fold_accuracy(train_cfg, x: np.ndarray, y: np.ndarray, fit: np.ndarray, held
 def settings(base) -> list[tuple[str, object]]:
     """Every grid point as (label, TrainConfig), the default's own first."""
     points = []
-    for lr, wd, schedule, hidden in itertools.product(*GRID.values()):
-        cfg = dataclasses.replace(base, lr=lr, weight_decay=wd, schedule=schedule,
+    for lr, wd, schedule, smoothing, hidden in itertools.product(*GRID.values()):
+        cfg = dataclasses.replace(base, lr=lr, weight_decay=wd, schedule=schedule, label_smoothing=smoothing,
                                   model=dataclasses.replace(base.model, hidden=hidden))
-        label = f"lr={lr:g} weight_decay={wd:g} schedule={schedule} hidden={hidden}"
+        label = f"lr={lr:g} weight_decay={wd:g} schedule={schedule} label_smoothing={smoothing:g} hidden={hidden}"
         points.append((label, cfg))
     is_default = [c.lr == base.lr and c.weight_decay == base.weight_decay and c.schedule == base.schedule
-                  and c.model.hidden == base.model.hidden for _, c in points]
+                  and c.label_smoothing == base.label_smoothing and c.model.hidden == base.model.hidden
+                  for _, c in points]
     if not any(is_default):  # the rule compares every setting against the default, fold by fold
         raise SettingError(f"conf/local.yaml's lr={base.lr:g}, weight_decay={base.weight_decay:g}, "
-                           f"schedule={base.schedule} and hidden={base.model.hidden} are not a point of "
-                           "benchmarks/model_selection.py's GRID; add its values there.")
+                           f"schedule={base.schedule}, label_smoothing={base.label_smoothing:g} and "
+                           f"hidden={base.model.hidden} are not a point of benchmarks/model_selection.py's GRID; "
+                           "add its values there.")
     first = is_default.index(True)
     return [points[first], *points[:first], *points[first + 1:]]
 

@@ -181,14 +181,21 @@ def reference_model(spec: Any, num_features: int, num_outputs: int, inputs: list
     raise ValueError(f"the reference builds logreg, mlp, embedding_mlp and transformer only, not {spec.name!r}")
 
 
-def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, loss: str | None = None) -> torch.Tensor:
-    """The task's summed loss, or the user's `package.module:fn` (it sums over rows by contract)."""
+def summed_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, loss: str | None = None,
+                smoothing: float = 0.0) -> torch.Tensor:
+    """The task's summed loss, or the user's `package.module:fn` (it sums over rows by contract).
+
+    `smoothing` is written out, not torch's label_smoothing argument: the target puts 1 - eps + eps/C
+    on the label and eps/C on every other class, and the loss is the cross-entropy against it."""
     if loss:
         module_name, _, name = loss.partition(":")
         fn = getattr(importlib.import_module(module_name), name)
         return fn(outputs, labels.long() if task == "classification" else labels.to(outputs.dtype))
     if task == "classification":
-        return nn.functional.cross_entropy(outputs, labels.long(), reduction="sum")
+        log_p = torch.log_softmax(outputs, dim=1)
+        target = torch.full_like(log_p, smoothing / outputs.shape[1])
+        target[torch.arange(len(labels)), labels.long()] += 1.0 - smoothing
+        return -(target * log_p).sum()
     if task == "regression":
         return ((outputs[:, 0] - labels.to(outputs.dtype)) ** 2).sum()
     raise ValueError(f"unknown task {task!r}")
@@ -272,9 +279,10 @@ class _Run:
         out = model(x.parts if isinstance(x, _Rows) else x)
         self.streams[rank] = torch.get_rng_state()
         if self.w[rank] is None:
-            return summed_loss(out, self.y[rank][idx], self.cfg.task, self.cfg.loss)
+            return summed_loss(out, self.y[rank][idx], self.cfg.task, self.cfg.loss, self.cfg.label_smoothing)
         weights = self.w[rank][idx]
-        return sum(weights[i].float() * summed_loss(out[i:i + 1], self.y[rank][idx][i:i + 1], self.cfg.task)
+        return sum(weights[i].float() * summed_loss(out[i:i + 1], self.y[rank][idx][i:i + 1], self.cfg.task,
+                                                    smoothing=self.cfg.label_smoothing)
                    for i in range(len(rows)))
 
     def size(self, rank: int, rows: np.ndarray) -> float:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from benchmarks.scaling import ALPHA_S, CYCLE_S, allreduce_seconds
 
@@ -32,8 +33,8 @@ def test_bench_refuses_a_setting_a_benchmark_cannot_use_before_starting_spark(mo
     monkeypatch.setattr("blocksync.pipeline.session.local_session", lambda *a, **k: pytest.fail("Spark started"))
     assert bench.main(["model_selection"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("benchmarks: conf/local.yaml's lr=0.003, weight_decay=0, schedule=constant and "
-                              "hidden=[128, 64] are not a point of")
+    assert err[-1].startswith("benchmarks: conf/local.yaml's lr=0.003, weight_decay=0, schedule=constant, "
+                              "label_smoothing=0 and hidden=[128, 64] are not a point of")
 
 
 def test_scaling_model_is_the_ring_floor_plus_latency():
@@ -89,11 +90,13 @@ def test_model_selection_grid_holds_the_default_first():
 
     from blocksync.engine.config import ModelSpec, TrainConfig
 
-    base = TrainConfig(lr=0.002, weight_decay=1e-4, schedule="cosine", model=ModelSpec(hidden=[256, 128]))
+    base = TrainConfig(lr=0.002, weight_decay=1e-4, schedule="cosine", label_smoothing=0.1,
+                       model=ModelSpec(hidden=[256, 128]))
     points = settings(base)
-    assert len(points) == len(GRID["lr"]) * len(GRID["weight_decay"]) * len(GRID["schedule"]) * len(GRID["hidden"])
-    assert points[0][0] == "lr=0.002 weight_decay=0.0001 schedule=cosine hidden=[256, 128]"
+    assert len(points) == int(np.prod([len(values) for values in GRID.values()])) == 72
+    assert points[0][0] == "lr=0.002 weight_decay=0.0001 schedule=cosine label_smoothing=0.1 hidden=[256, 128]"
+    assert points[0][1].label_smoothing == 0.1 and points[0][1].model.hidden == [256, 128]
     assert len({label for label, _ in points}) == len(points)
-    with pytest.raises(ValueError, match=r"lr=0.003, weight_decay=0, schedule=constant and hidden=\[128, 64\] are "
-                       r"not a point of benchmarks/model_selection.py's GRID; add its values there"):
+    with pytest.raises(ValueError, match=r"lr=0.003, weight_decay=0, schedule=constant, label_smoothing=0 and "
+                       r"hidden=\[128, 64\] are not a point of benchmarks/model_selection.py's GRID; add its values"):
         settings(TrainConfig(lr=0.003))

@@ -54,6 +54,9 @@ CASES = [
     ("malformed yaml", "train: [epochs: 3\n", [], "malformed YAML at line 2"),
     ("not a mapping", "- a\n- b\n", [], "the file must hold a mapping of settings, not list"),
     ("bad override", "", ["epochs"], "override 'epochs' is not key.sub=value"),
+    ("label smoothing of 1", "", ["train.label_smoothing=1"], "label_smoothing=1.0 must be in [0, 1)"),
+    ("label smoothing without classes", "", ["train.task=regression", "train.label_smoothing=0.1"],
+     "label_smoothing=0.1 smooths class targets, and task='regression' has none: set label_smoothing=0."),
 ]
 
 

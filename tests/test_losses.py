@@ -41,6 +41,23 @@ def test_a_custom_loss_trains_like_the_single_process_loop(spark, data, backend)
     assert len({s["digest"] for s in result.rank_summaries}) == 1
 
 
+@pytest.mark.parametrize("backend,weighted", [("horovod", False), ("torch_gloo", True)])
+def test_label_smoothing_trains_like_the_single_process_loop(spark, backend, weighted):
+    """The built-in cross-entropy with label_smoothing: the reference writes the smoothed target out."""
+    pdf = synthetic_classification(130, 6, 3, seed=4)
+    pdf["w"] = np.random.default_rng(4).integers(0, 5, len(pdf)) * 0.5
+    cfg = config(backend, loss=None, label_smoothing=0.2)
+    blocks, info = make_blocks(spark.createDataFrame(pdf), features="features", label="label", num_workers=3,
+                               seed=5, weight="w" if weighted else None)
+    result = train_blocks(spark, blocks, info, cfg)
+    reference = reference_train(collect_blocks(blocks, 3), cfg, num_outputs=3)
+    assert max_param_diff(result.model, reference) <= 1e-5
+    plain = reference_train(collect_blocks(blocks, 3), TrainConfig(**{**cfg.to_dict(), "label_smoothing": 0.0}),
+                            num_outputs=3)
+    assert max_param_diff(result.model, plain) > 1e-3
+    assert len({s["digest"] for s in result.rank_summaries}) == 1
+
+
 def test_a_custom_regression_loss_matches_the_reference_and_survives_a_relaunch(spark, tmp_path):
     pdf = synthetic_classification(120, 6, 3, seed=6)
     pdf["target"] = pdf["features"].map(lambda f: float(np.sum(f[:3])))
@@ -71,6 +88,11 @@ def test_a_loss_that_breaks_the_contract_is_refused_by_the_probe(name, message):
 def test_bad_loss_settings_are_refused_before_any_stage(spark, data):
     with pytest.raises(ValueError, match=r"loss='torch' is not an import path 'package.module:fn'"):
         TrainConfig(loss="torch")
+    with pytest.raises(ValueError, match=r"label_smoothing=0.1 applies to the built-in cross-entropy, and "
+                                         r"loss='tests.custom_losses:smoothed_cross_entropy' replaces it"):
+        config("torch_gloo", label_smoothing=0.1)
+    with pytest.raises(ValueError, match=r"label_smoothing=-0.1 must be in \[0, 1\)"):
+        TrainConfig(label_smoothing=-0.1)
     with pytest.raises(ValueError, match=r"loss='no_such_pkg.mod:fn': cannot import 'no_such_pkg.mod'"):
         train(spark, data, config("torch_gloo", loss="no_such_pkg.mod:fn"))
     with pytest.raises(ValueError, match=r"returns the mean over the batch's rows"):

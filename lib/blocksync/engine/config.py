@@ -188,6 +188,9 @@ class TrainConfig:
     loss: str | None = None
     """A custom loss as an import path `package.module:fn`: fn(outputs, labels) returns the loss SUMMED
     over the batch's rows (contract and driver-side probe: `blocksync.engine.losses`); None: the task's."""
+    label_smoothing: float = 0.0
+    """Classification's cross-entropy with smoothed targets, as torch.nn.CrossEntropyLoss(label_smoothing):
+    1 - eps on the label, eps spread over all classes; in [0, 1). The validation loss uses it too."""
     num_classes: int | None = None
     """Output width for classification; None: derived from the labels."""
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -324,6 +327,18 @@ class TrainConfig:
         if self.loss is not None and (not isinstance(self.loss, str) or ":" not in self.loss):
             raise ValueError(f"loss={self.loss!r} is not an import path 'package.module:fn'; leave it unset for "
                              "cross-entropy (classification) or MSE (regression).")
+        self._check_label_smoothing()
+
+    def _check_label_smoothing(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1) (0.1 is the usual value; "
+                             "0: plain cross-entropy).")
+        if self.label_smoothing and self.task != "classification":
+            raise ValueError(f"label_smoothing={self.label_smoothing} smooths class targets, and task={self.task!r} "
+                             "has none: set label_smoothing=0.")
+        if self.label_smoothing and self.loss is not None:
+            raise ValueError(f"label_smoothing={self.label_smoothing} applies to the built-in cross-entropy, and "
+                             f"loss={self.loss!r} replaces it: smooth inside that loss, or set label_smoothing=0.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,8 @@ those rows, differentiable in `outputs`. Summed, because block sync adds every r
 by the global batch size: a mean per rank would weight small local batches like large ones, and the
 result would no longer equal one process's loop. Class weights, label smoothing and multi-task
 heads fit this contract; per-row weights from a column do not (use the built-in losses for those).
+Plain label smoothing needs no custom loss: `TrainConfig.label_smoothing` applies it to the built-in
+cross-entropy.
 
 `check_loss` probes the function on the driver before launch with random outputs: it must return a
 finite scalar that depends on the outputs, and the same rows twice must give twice the loss (a sum),
@@ -27,16 +29,17 @@ PROBE_ROWS = 6
 
 
 def loss_sum(outputs: torch.Tensor, labels: torch.Tensor, task: str, weights: torch.Tensor | None = None,
-             custom: LossFn | None = None) -> torch.Tensor:
+             custom: LossFn | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
     """Summed (not averaged) loss, each row's times its weight when given, so workers' sums add up to
     the global batch's. `custom`: a user's loss (see the module docstring), given the labels as the
-    built-in loss reads them."""
+    built-in loss reads them. `label_smoothing`: cross-entropy's (torch's meaning: the target puts
+    1 - eps on the label and eps spread evenly over all classes); a per-row loss, so sums still add up."""
     if custom is not None:
         assert weights is None, "a custom loss with row weights is refused before launch"
         return custom(outputs, labels.long() if task == "classification" else labels.to(outputs.dtype))
     reduction = "sum" if weights is None else "none"
     if task == "classification":
-        loss = nn.functional.cross_entropy(outputs, labels.long(), reduction=reduction)
+        loss = nn.functional.cross_entropy(outputs, labels.long(), reduction=reduction, label_smoothing=label_smoothing)
     else:
         loss = nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype), reduction=reduction)
     return loss if weights is None else (loss * weights.to(loss.dtype)).sum()

@@ -233,7 +233,7 @@ class Trainer:
         bf16 = self.cfg.mixed_precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = self.forward(xb, ids)
-            loss = loss_sum(out.float(), yb, self.cfg.task, wb, self.custom_loss)
+            loss = loss_sum(out.float(), yb, self.cfg.task, wb, self.custom_loss, self.cfg.label_smoothing)
         loss.backward()
         self.epoch_stats[0] += count
         self.epoch_stats[1] += float(loss.detach())
@@ -312,7 +312,9 @@ class Trainer:
             for lo in range(0, x.shape[0], 4096):
                 out = self.forward(x[lo:lo + 4096], ids[lo:lo + 4096]).float()
                 stats[0] += out.shape[0]
-                stats[1] += float(loss_sum(out, y[lo:lo + 4096], self.cfg.task, custom=self.custom_loss))
+                loss = loss_sum(out, y[lo:lo + 4096], self.cfg.task, custom=self.custom_loss,
+                                label_smoothing=self.cfg.label_smoothing)
+                stats[1] += float(loss)
                 if self.cfg.task == "classification":
                     stats[2] += float((out.argmax(1) == y[lo:lo + 4096].long()).sum())
         self.model.train()

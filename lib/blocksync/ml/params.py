@@ -61,6 +61,7 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "model": ("model", _dict_of(ModelSpec), "the network: {'name': 'mlp', 'hidden': [128, 64], ...}"),
     "loss": ("loss", _optional(_STR), "a custom loss 'package.module:fn' returning the batch's summed loss; "
              "None: cross-entropy or MSE"),
+    "labelSmoothing": ("label_smoothing", _FLOAT, "cross-entropy's label smoothing in [0, 1); 0: none"),
     "epochs": ("epochs", _INT, "passes over every block"),
     "batchSize": ("batch_size", _INT, "global batch size per step"),
     "optimizer": ("optimizer", _STR, "sgd, adam or adamw"),
