@@ -26,7 +26,8 @@ from blocksync.pipeline.run_config import load_config
 config = load_config(None, [
     f"output_dir={output_dir}", "progress=false", "spark.master=null", "data.source=digits",
     f"train.num_workers={num_workers}", f"train.epochs={epochs}", "train.backend=horovod",
-    "train.model.hidden=[128, 64]", "train.batch_size=64", "train.lr=0.002",
+    "train.model.hidden=[128, 64]", "train.batch_size=64", "train.lr=0.004", "train.weight_decay=1e-4",
+    "train.label_smoothing=0.1",
 ])
 metrics = run(spark, config, overwrite=True)
 print(f"test accuracy {metrics['test_accuracy']:.4f}, samples/s {metrics['samples_per_sec']:.0f}, "

@@ -28,8 +28,8 @@ rows = []
 for mode in [m.strip() for m in modes.split(",") if m.strip()]:
     config = load_config(None, [
         f"output_dir={output_root}/{mode}", "progress=false", "spark.master=null", "data.source=digits",
-        "train.model.hidden=[128, 64]", "train.batch_size=64", "train.lr=0.002",
-        f"train.epochs={epochs}", f"train.compression={mode}",
+        "train.model.hidden=[128, 64]", "train.batch_size=64", "train.lr=0.004", "train.weight_decay=1e-4",
+        "train.label_smoothing=0.1", f"train.epochs={epochs}", f"train.compression={mode}",
     ])
     m = run(spark, config, overwrite=True)
     rows.append({"compression": mode, "test_accuracy": m["test_accuracy"],

@@ -100,3 +100,14 @@ def test_bad_loss_settings_are_refused_before_any_stage(spark, data):
     weighted = spark.createDataFrame(pd.DataFrame({"features": [[0.0, 1.0]] * 8, "label": [0, 1] * 4, "w": 1.0}))
     with pytest.raises(ValueError, match=r"with per-row weights: a custom loss sums its own rows"):
         train(spark, weighted, config("torch_gloo"), weight="w")
+
+
+def test_label_smoothing_is_a_spark_ml_param_and_a_regressor_refuses_it():
+    from blocksync.ml import BlockSyncClassifier, BlockSyncRegressor
+
+    assert BlockSyncClassifier().getOrDefault("labelSmoothing") == 0.0
+    cfg = BlockSyncClassifier(labelSmoothing=0.1).train_config("classification")
+    assert cfg.label_smoothing == 0.1 and cfg.loss is None
+    regressor = BlockSyncRegressor().setLabelSmoothing(0.1)
+    with pytest.raises(ValueError, match=r"task='regression' has none: set label_smoothing=0"):
+        regressor.train_config("regression")
