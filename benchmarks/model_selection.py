@@ -16,14 +16,14 @@ Dropout is left out: it would make the default draw random masks, and the
 defaults stay deterministic. Each fold trains a plain single-process loop,
 which the engine is proven equal to (tests/test_engine.py): the engine's own
 `build_model`, `build_optimizer` and `build_schedule`, so the settings mean
-what they mean in a run; a seeded shuffle per epoch; mean cross-entropy.
+what they mean in a run; a seeded shuffle per epoch; mean cross-entropy, smoothed by the setting's label_smoothing.
 
 The rule: among the settings with the default's network (`model.hidden`), so
 the same compute per step and the same `make demo` time, the one with the
 highest mean validation accuracy (a tie goes to the first in grid order)
 replaces the default only if its mean gain over the default, fold by fold,
 exceeds two standard errors of those paired differences. Otherwise the default
-stays: a smaller gain could be the luck of picking the best of 18. The wider
+stays: a smaller gain could be the luck of picking the best of 36. The wider
 network is scored and reported beside them, not adopted.
 
 History, for the record. The first run (commit 0b7da03) applied the rule to

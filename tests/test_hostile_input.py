@@ -74,10 +74,16 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
          "data.weight='w': 2 rows have a null, NaN, infinite or negative weight"),
         ("missing weight column", [f"data.source={good}", "data.weight=w"],
          "data.weight: weight column 'w' not in the DataFrame"),
-        ("a loss that averages instead of summing", [f"data.source={good}",
+        # conf/local.yaml smooths its cross-entropy: a custom loss must say label_smoothing=0 (next case).
+        ("a loss that averages instead of summing", [f"data.source={good}", "train.label_smoothing=0",
                                                      "train.loss=tests.custom_losses:mean_cross_entropy"],
          "loss='tests.custom_losses:mean_cross_entropy' returns the mean over the batch's rows"),
-        ("a loss that cannot be imported", [f"data.source={good}", "train.loss=no_such_pkg.losses:fn"],
+        ("a custom loss with the default's label smoothing", [f"data.source={good}",
+                                                               "train.loss=tests.custom_losses:smoothed_cross_entropy"],
+         "label_smoothing=0.1 applies to the built-in cross-entropy, and loss='tests.custom_losses:"
+         "smoothed_cross_entropy' replaces it: smooth inside that loss, or set label_smoothing=0."),
+        ("a loss that cannot be imported", [f"data.source={good}", "train.label_smoothing=0",
+                                            "train.loss=no_such_pkg.losses:fn"],
          "loss='no_such_pkg.losses:fn': cannot import 'no_such_pkg.losses'"),
         ("missing feature column", [f"data.source={good}", "data.features=[a, c]"],
          "feature column(s) ['c'] not in the DataFrame"),

@@ -25,22 +25,30 @@ def noisy_table(spark, n: int = 600, seed: int = 4):
     return spark.createDataFrame(table), x[table["held"]], y[table["held"]]
 
 
-def held_out_loss(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of `model` on the held-out rows, computed here in one pass."""
+def held_out_loss(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, smoothing: float = 0.0
+                  ) -> tuple[float, float]:
+    """Mean cross-entropy (against targets smoothed by `smoothing`, written out) and accuracy of `model` on
+    the held-out rows, computed here in one pass."""
     with torch.no_grad():
         out = model(torch.from_numpy(x)).double()
-    loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
+    target = np.full(out.shape, smoothing / out.shape[1])
+    target[np.arange(len(y)), y] += 1.0 - smoothing
+    loss = -(torch.from_numpy(target) * torch.log_softmax(out, dim=1)).sum(1).mean()
     return float(loss), float((out.argmax(1).numpy() == y).mean())
 
 
-def test_the_validation_loss_is_the_held_out_rows_loss_of_the_model(spark):
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_the_validation_loss_is_the_held_out_rows_loss_of_the_model(spark, smoothing):
     df, x_held, y_held = noisy_table(spark)
     model = BlockSyncClassifier(numWorkers=2, backend="torch_gloo", epochs=3, batchSize=64, lr=0.01,
-                                model={"name": "mlp", "hidden": [16]}, validationIndicatorCol="held").fit(df)
+                                model={"name": "mlp", "hidden": [16]}, validationIndicatorCol="held",
+                                labelSmoothing=smoothing).fit(df)
     assert [sorted(e) for e in model.history] == [["epoch", "step", "train_accuracy", "train_loss",
                                                    "val_accuracy", "val_loss"]] * 3
-    loss, accuracy = held_out_loss(model.torchModule(), x_held, y_held)
+    loss, accuracy = held_out_loss(model.torchModule(), x_held, y_held, smoothing)
     assert model.history[-1]["val_loss"] == pytest.approx(loss, rel=1e-5)
+    if smoothing:  # the smoothed loss is not the plain one
+        assert abs(held_out_loss(model.torchModule(), x_held, y_held)[0] - loss) > 1e-3
     assert model.history[-1]["val_accuracy"] == pytest.approx(accuracy, abs=1e-9)
     # Held-out rows never train: the steps count only the other 450 rows (2 workers, batch 64: 8 steps).
     assert model.history[0]["step"] == 8

@@ -5,10 +5,10 @@ Contract of a custom loss (`TrainConfig.loss`): `fn(outputs, labels)` takes the 
 targets for regression) of one rank's local batch, and returns ONE number: the loss SUMMED over
 those rows, differentiable in `outputs`. Summed, because block sync adds every rank's sum and divides
 by the global batch size: a mean per rank would weight small local batches like large ones, and the
-result would no longer equal one process's loop. Class weights, label smoothing and multi-task
-heads fit this contract; per-row weights from a column do not (use the built-in losses for those).
-Plain label smoothing needs no custom loss: `TrainConfig.label_smoothing` applies it to the built-in
-cross-entropy.
+result would no longer equal one process's loop. Class weights and multi-task heads fit this
+contract; per-row weights from a column do not (use the built-in losses for those). Plain label
+smoothing needs no custom loss: `TrainConfig.label_smoothing` applies it to the built-in
+cross-entropy (and is refused together with a custom loss).
 
 `check_loss` probes the function on the driver before launch with random outputs: it must return a
 finite scalar that depends on the outputs, and the same rows twice must give twice the loss (a sum),
