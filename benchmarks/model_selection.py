@@ -16,7 +16,8 @@ Dropout is left out: it would make the default draw random masks, and the
 defaults stay deterministic. Each fold trains a plain single-process loop,
 which the engine is proven equal to (tests/test_engine.py): the engine's own
 `build_model`, `build_optimizer` and `build_schedule`, so the settings mean
-what they mean in a run; a seeded shuffle per epoch; mean cross-entropy, smoothed by the setting's label_smoothing.
+what they mean in a run; a seeded shuffle per epoch; mean cross-entropy,
+smoothed by the setting's label_smoothing.
 
 The rule: among the settings with the default's network (`model.hidden`), so
 the same compute per step and the same `make demo` time, the one with the

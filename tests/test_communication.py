@@ -22,8 +22,8 @@ def digits(spark):
 
 def digits_run(spark, digits, compression: str, backend: str = "horovod"):
     train_df, test_df, _ = digits
-    # The default's network at lr 2e-3 without decay or label smoothing (conf/local.yaml before 2026-12-05),
-    # the settings these tolerances were set at: at the current default's, top-k 1% ends 4 test rows lower.
+    # The default's network at lr 2e-3 without decay or label smoothing (conf/local.yaml before 2026-12-05):
+    # the settings these tolerances were set at.
     cfg = TrainConfig(num_workers=4, backend=backend, epochs=30, batch_size=64, lr=2e-3, seed=0,
                       compression=compression, topk_ratio=0.01, model=ModelSpec(name="mlp", hidden=[128, 64]))
     result = train(spark, train_df, cfg)
