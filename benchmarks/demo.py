@@ -5,6 +5,11 @@ Recorded per run: the wall time of the whole command (Python and JVM start, prep
 report), the training stage's launch-to-first-step time and its phases (`metrics.json`
 `startup_phases`, from a cold Spark session: every run starts its own), and the test accuracy.
 The target (issue 17): under 30 s of wall time after set-up.
+
+Then two of the CLI's start-up measures, each against what it replaced, in fresh processes
+(`benchmarks.startup_probe`), the contenders alternating PART_REPEATS times: the stages' imports
+overlapping the JVM's start (`cli.session_with_preload`) against importing first, and the exit after
+`gc.freeze()` (`cli.console`) against a plain interpreter exit.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 from benchmarks.common import median, write
 
 REPEATS = 3
+PART_REPEATS = 5
+PAIRS = (("sequential", "overlapped"), ("exit_collected", "exit_frozen"))
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -37,6 +44,47 @@ def one_run(out: Path) -> dict:
             "startup_phases": metrics["startup_phases"]}
 
 
+def probe(mode: str) -> dict:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.startup_probe", mode], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"startup_probe {mode} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    printed = proc.stdout.split()
+    return {"wall_seconds": wall, **({"session_up_seconds": float(printed[-1])} if printed else {})}
+
+
+def start_up_parts() -> dict:
+    """Each mode's runs and medians; the two of a pair run one after the other, PART_REPEATS times."""
+    runs: dict[str, list[dict]] = {mode: [] for pair in PAIRS for mode in pair}
+    for _ in range(PART_REPEATS):
+        for pair in PAIRS:
+            for mode in pair:
+                runs[mode].append(probe(mode))
+    parts = {}
+    for mode, rows in runs.items():
+        parts[mode] = {"runs": rows, "median_wall_seconds": median([r["wall_seconds"] for r in rows])}
+        if "session_up_seconds" in rows[0]:
+            parts[mode]["median_session_up_seconds"] = median([r["session_up_seconds"] for r in rows])
+    return parts
+
+
+def parts_lines(parts: dict) -> list[str]:
+    up = {m: parts[m]["median_session_up_seconds"] for m in PAIRS[0]}
+    out = {m: parts[m]["median_wall_seconds"] for m in PAIRS[1]}
+    return ["", f"Start-up parts (medians of {PART_REPEATS} alternating fresh processes each, "
+            "`benchmarks/startup_probe.py`):", "",
+            "| measure | before | with it | saved |", "| --- | --- | --- | --- |",
+            f"| process start to Spark session up and the run's modules imported: imports first, then the "
+            f"session / imports on a thread while the JVM starts | {up['sequential']:.2f} s | "
+            f"{up['overlapped']:.2f} s | {up['sequential'] - up['overlapped']:.2f} s |",
+            f"| a process that imports the run's modules and exits: plain exit / `gc.freeze()` first | "
+            f"{out['exit_collected']:.2f} s | {out['exit_frozen']:.2f} s | "
+            f"{out['exit_collected'] - out['exit_frozen']:.2f} s |"]
+
+
 def run(spark) -> dict:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -46,7 +94,9 @@ def run(spark) -> dict:
                   f"{runs[-1]['startup_phases']['launch_to_first_step_s']:.2f} s", flush=True)
     wall = median([r["wall_seconds"] for r in runs])
     first = median([r["startup_phases"]["launch_to_first_step_s"] for r in runs])
-    payload = {"repeats": REPEATS, "runs": runs, "median_wall_seconds": wall, "median_launch_to_first_step_s": first}
+    parts = start_up_parts()
+    payload = {"repeats": REPEATS, "runs": runs, "median_wall_seconds": wall, "median_launch_to_first_step_s": first,
+               "start_up_parts": parts}
     lines = ["# The demo: `blocksync run --config conf/local.yaml`, wall time from outside (fresh process each run)",
              "", "| run | wall time | launch to first step | spawn | imports | load | rendezvous | init | "
              "first step | test accuracy |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -57,5 +107,6 @@ def run(spark) -> dict:
                                                               "init_s", "first_step_s"))
                      + f" | {r['test_accuracy']:.4f} |")
     lines += ["", f"Median wall time {wall:.1f} s (target < 30 s); median launch to first step {first:.2f} s."]
+    lines += parts_lines(parts)
     write("demo", payload, "\n".join(lines) + "\n")
     return payload

@@ -5,7 +5,7 @@
 
 import sys
 
-from blocksync.pipeline.cli import main
+from blocksync.pipeline.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], stage="predict"))
+    console(sys.argv[1:], stage="predict")

@@ -47,11 +47,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from blocksync.engine.errors import CollectiveError
+
 log = logging.getLogger(__name__)
-
-
-class CollectiveError(RuntimeError):
-    """A collective backend could not start or failed."""
 
 
 class Coordinator(Protocol):

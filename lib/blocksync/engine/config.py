@@ -46,6 +46,10 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
         raise ValueError(f"{name}={value!r} must be {bound}.")
 
 
+REGISTRY = ("logreg", "mlp", "cnn", "embedding_mlp", "transformer")
+"""The built-in networks (`models`); any other `ModelSpec.name` is an import path."""
+
+
 @dataclass(kw_only=True)
 class ModelSpec:
     """Which network to build; resolved identically on the driver and every worker."""
@@ -342,3 +346,8 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def is_custom(spec: ModelSpec) -> bool:
+    """True when `spec` names an import path: building it imports and runs that code."""
+    return spec.name not in REGISTRY

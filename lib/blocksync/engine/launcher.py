@@ -44,8 +44,9 @@ from blocksync.engine import checkpoint, startup
 from blocksync.engine.block_data import steps_per_epoch
 from blocksync.engine.block_store import storage_width
 from blocksync.engine.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
-from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, CollectiveError, import_horovod
+from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, import_horovod
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.errors import CollectiveError, TrainingError
 from blocksync.engine.input_columns import resolve_inputs
 from blocksync.engine.inputs import Input, InputSpec
 from blocksync.engine.losses import check_loss
@@ -58,19 +59,6 @@ from blocksync.engine.storage import resolve_storage, worker_memory
 from blocksync.engine.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
 
 log = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """The barrier stage failed; the message carries the worker's own error and rank.
-
-    `kind` is `input` when the cause is the user's data or settings (a rank's
-    ValueError, the executors' Python environment): the CLI exits 2 for it and
-    the launcher does not relaunch. Otherwise `runtime` (exit 1).
-    """
-
-    def __init__(self, message: str, kind: str = "runtime") -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass

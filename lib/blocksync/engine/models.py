@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from blocksync.engine.config import ModelSpec
+from blocksync.engine.config import REGISTRY, ModelSpec, is_custom
 from blocksync.engine.inputs import InputSpec
 
 
@@ -122,7 +122,6 @@ class TokenTransformer(nn.Module):
         return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
 
 
-REGISTRY = ("logreg", "mlp", "cnn", "embedding_mlp", "transformer")
 TYPED = ("embedding_mlp", "transformer")
 
 
@@ -192,11 +191,6 @@ def _call_factory(spec: ModelSpec, first: int | InputSpec, shown: str, num_outpu
     if not isinstance(model, nn.Module):
         raise ValueError(f"model.name={spec.name!r} returned {type(model).__name__}, not a torch.nn.Module.")
     return model
-
-
-def is_custom(spec: ModelSpec) -> bool:
-    """True when `spec` names an import path: building it imports and runs that code."""
-    return spec.name not in REGISTRY
 
 
 def check_importable(spec: ModelSpec) -> None:

@@ -10,13 +10,19 @@ error and rank when a worker failed).
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from blocksync.pipeline.run_config import RunConfig
     from blocksync.pipeline.run_files import RunFiles
 
 STAGES = ("prepare", "train", "evaluate", "run")
@@ -62,15 +68,17 @@ def build_predict_parser() -> argparse.ArgumentParser:
 
 
 def execute_predict(args: argparse.Namespace) -> int:
-    from blocksync.pipeline.predict import predict
     from blocksync.pipeline.run_config import RunConfig, SparkSettings
 
     if args.quiet:
         logging.getLogger().setLevel(logging.WARNING)
     conf = dict(_key_value(item) for item in args.conf)
-    spark = session_for(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-predict", conf=conf)))
+    spark = session_with_preload(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-predict",
+                                                               conf=conf)), ["blocksync.pipeline.predict"])
     spark.sparkContext.setLogLevel("ERROR")
     try:
+        from blocksync.pipeline.predict import predict
+
         rows = predict(spark, args.model, args.input, args.output, overwrite=args.overwrite,
                        trust_custom_code=args.trust_custom_code)
     finally:
@@ -84,6 +92,50 @@ def _key_value(item: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ValueError(f"--conf {item!r}: give KEY=VALUE, e.g. --conf spark.hadoop.fs.defaultFS=hdfs://nn:8020.")
     return key.strip(), value
+
+
+def stage_modules(stage: str, config: RunConfig) -> list[str]:
+    """What `stage` imports as it runs: the stages (torch and the engine), scikit-learn for the bundled
+    digits, matplotlib for the report."""
+    modules = ["blocksync.pipeline.stages"]
+    if stage in ("prepare", "run") and config.data.source == "digits":
+        modules.append("sklearn.datasets")
+    if stage in ("evaluate", "run"):
+        modules.append("matplotlib.pyplot")
+    return modules
+
+
+SHARED_IMPORTS = ("numpy", "pandas", "pyarrow", "pyspark.sql", "unittest", "blocksync.pipeline.session")
+"""What both starting a session and the stages import: loaded before the preload thread starts, so the
+two threads never import one module at the same time (a concurrent circular import can hand a thread a
+partially initialized module: pyspark.errors did). tests/test_entry_points.py checks that they share
+nothing else."""
+
+
+def session_with_preload(config: RunConfig, modules: list[str]) -> SparkSession:
+    """`session_for(config)`, importing `modules` on a thread meanwhile.
+
+    The JVM takes seconds to start, and the imports (about a second for torch alone) are Python work
+    that overlaps it (the saving is measured in benchmarks/results/demo.md). The settings have been
+    checked before this, without those imports (`checks`). An import that fails here is left to fail
+    again, with its own error, where the stage imports the module.
+    """
+    for name in SHARED_IMPORTS:
+        importlib.import_module(name)
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 (see the docstring)
+                return
+
+    loader = threading.Thread(target=load, name="blocksync-preload", daemon=True)
+    loader.start()
+    try:
+        return session_for(config)
+    finally:
+        loader.join()
 
 
 def session_for(config):  # type: ignore[no-untyped-def]
@@ -121,8 +173,7 @@ def session_for(config):  # type: ignore[no-untyped-def]
 
 
 def execute(stage: str, args: argparse.Namespace) -> int:
-    from blocksync.engine.models import check_importable
-    from blocksync.pipeline import stages as pipeline
+    from blocksync.pipeline.checks import check_checkpoint_dir, check_model, check_settings
     from blocksync.pipeline.run_config import load_config
     from blocksync.pipeline.run_files import RunFiles
     from blocksync.pipeline.session import jvm_log_path
@@ -132,11 +183,13 @@ def execute(stage: str, args: argparse.Namespace) -> int:
         config.progress = False
         logging.getLogger().setLevel(logging.WARNING)
     if stage == "run":  # before Spark starts: settings that would otherwise fail minutes later
-        pipeline.check_settings(config)
+        check_settings(config)
     elif stage == "train":
-        pipeline.check_checkpoint_dir(config.train.checkpoint.dir)
-        check_importable(config.train.model)
-    spark = session_for(config)
+        check_checkpoint_dir(config.train.checkpoint.dir)
+        check_model(config.train.model)
+    spark = session_with_preload(config, stage_modules(stage, config))
+    from blocksync.pipeline import stages as pipeline
+
     spark.sparkContext.setLogLevel("ERROR")
     try:
         files = RunFiles(spark, config.output_dir)
@@ -176,9 +229,8 @@ def _print_result(metrics: dict, files: RunFiles) -> None:
 
 
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
-    """Entry point of the console script (`stage=None`) and of jobs/<stage>.py."""
-    from blocksync.engine.collectives import CollectiveError
-    from blocksync.engine.launcher import TrainingError
+    """Run a stage (`stage=None`: the one named in `argv`); returns the exit code."""
+    from blocksync.engine.errors import CollectiveError, TrainingError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "pyspark", "matplotlib"):
@@ -217,5 +269,19 @@ def _failed(message: str) -> int:
     return 1
 
 
+def console(argv: Sequence[str] | None = None, stage: str | None = None) -> NoReturn:
+    """The entry point of the console script, of `python -m blocksync.pipeline.cli` and of jobs/<stage>.py:
+    `main`, then exit with its code.
+
+    Every object is first frozen out of the garbage collector (`gc.freeze`): otherwise the interpreter's
+    teardown walks the heaps of torch, pandas, pyspark and matplotlib in a last collection, most of a
+    second on 2 cores (benchmarks/results/demo.md). Everything is written and closed by then, and the
+    atexit handlers (logging's flush among them) still run.
+    """
+    code = main(argv, stage)
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -28,10 +28,8 @@ from pyspark.sql import SparkSession
 
 from blocksync.engine.inputs import InputSpec
 from blocksync.engine.launcher import TrainResult, train, train_files
-from blocksync.engine.losses import import_loss
-from blocksync.engine.models import check_importable
-from blocksync.engine.scan import pyarrow_opens
 from blocksync.pipeline.artifacts import load_model_from, model_meta, save_model
+from blocksync.pipeline.checks import check_settings
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics
 from blocksync.pipeline.evaluate import score
 from blocksync.pipeline.prepare import prepare
@@ -39,7 +37,6 @@ from blocksync.pipeline.report import history_lines, plot_report, steps_frame, t
 from blocksync.pipeline.run_config import RunConfig, config_to_dict
 from blocksync.pipeline.run_files import RunFiles
 from blocksync.pipeline.session import warm_python_daemon
-from blocksync.pipeline.sources import is_uri
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +98,6 @@ def _refuse_existing(files: RunFiles, name: str, overwrite: bool) -> None:
         raise FileExistsError(f"{files.display(name)} already exists; pass --overwrite or choose another output_dir.")
 
 
-def check_settings(config: RunConfig) -> None:
-    """What would otherwise fail late, checked before any Spark work: the checkpoint store, a custom model's
-    import path, the loss, and settings that do not go together. Each error names its setting. The output
-    directory is checked through Spark's filesystem once the session is up (`check_output_dir`)."""
-    check_checkpoint_dir(config.train.checkpoint.dir)
-    check_importable(config.train.model)
-    if config.data.inputs is not None and config.train.blocks == "files":
-        raise ValueError("data.inputs with train.blocks=files: typed inputs are cut into blocks by Spark; set "
-                         "train.blocks=shuffle (or auto).")
-    if config.train.blocks == "files" and is_uri(config.output_dir) and not pyarrow_opens(config.output_dir):
-        raise ValueError(f"train.blocks=files has the workers read the prepared Parquet through pyarrow, which "
-                         f"has no filesystem for output_dir={config.output_dir!r}; set train.blocks=auto (Spark "
-                         "cuts the blocks there) or put output_dir on a filesystem pyarrow reads.")
-    if config.train.loss:
-        import_loss(config.train.loss)
-
-
 def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
     """`output_dir` is a folder, or can be made: asked of the filesystem Spark writes it with."""
     where = files.display()
@@ -132,23 +112,6 @@ def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
     if why is not None:
         raise ValueError(f"output_dir={where!r} cannot be written ({ancestor}: {why}); "
                          "choose a writable output_dir.")
-
-
-def check_checkpoint_dir(uri: str | None) -> None:
-    if not uri:
-        return
-    import pyarrow.fs as pafs
-
-    from blocksync.engine.checkpoint import filesystem
-
-    try:
-        fs, root = filesystem(uri)
-        info = fs.get_file_info(root)
-    except Exception as err:  # pyarrow raises OSError, ValueError or ArrowException subclasses per filesystem
-        raise ValueError(f"train.checkpoint.dir={uri!r} cannot be reached ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}); fix the URI or its credentials.") from err
-    if info.type == pafs.FileType.File:
-        raise ValueError(f"train.checkpoint.dir={uri!r} is a file, not a directory; choose another checkpoint.dir.")
 
 
 def prepare_stage(spark: SparkSession, config: RunConfig, run_dir: RunDir, *, overwrite: bool = False
