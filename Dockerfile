@@ -27,7 +27,9 @@ WORKDIR /app
 COPY requirements.lock pyproject.toml README.md ./
 COPY scripts/ scripts/
 COPY lib/ lib/
-RUN VENV=/opt/venv PYTHON=python3.11 BLOCKSYNC_WHEEL_CACHE=/opt/wheels bash scripts/setup_env.sh
+# No JVM class archive (scripts/setup_env.sh): it is recorded by running the demo, whose files are not
+# copied into this stage; the image's local sessions start without it.
+RUN VENV=/opt/venv PYTHON=python3.11 BLOCKSYNC_WHEEL_CACHE=/opt/wheels BLOCKSYNC_JVM_ARCHIVE=0 bash scripts/setup_env.sh
 
 FROM ${CPU_IMAGE} AS runtime-cpu
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda

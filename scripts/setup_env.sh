@@ -11,6 +11,7 @@
 #   PYTHON               interpreter to create it with (default: python3.11, else python3)
 #   BLOCKSYNC_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/blocksync/wheels)
 #   BLOCKSYNC_CUDA=1     build Horovod with NCCL GPU operations (CUDA images)
+#   BLOCKSYNC_JVM_ARCHIVE=0  do not record the JVM class archive local sessions start with
 #
 # Horovod 0.28.1 (the last release) does not build from its sdist against
 # torch >= 2.1 as is: its CMake files ask for C++14 and torch's headers need
@@ -76,8 +77,19 @@ stamp="$VENV/.blocksync-setup"
 want=$(cat requirements.lock pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)-${BLOCKSYNC_CUDA:-0}
 # Finding horovod.torch, not importing it: the import loads torch (over a second on every `make`), and the
 # stamp already covers the pins the wheel was built against.
+# The class-data-sharing archive of the JVM's classes (blocksync/pipeline/jvm_archive.py): local sessions
+# map it instead of loading Spark's classes one by one. Recorded by running the demo once (about 45 s).
+archive="$VENV/share/blocksync/spark-classes.jsa"
+record_archive() {
+  [ "${BLOCKSYNC_JVM_ARCHIVE:-1}" = 0 ] && return 0
+  say "recording the JVM class archive $archive (runs the demo once, about 45 s)"
+  "$vpy" -m blocksync.pipeline.jvm_archive --config conf/local.yaml >&2 \
+    || say "WARNING: recording $archive failed (above); local sessions start without it, about 3 s slower."
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   && "$vpy" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("horovod.torch") is None)' 2>/dev/null; then
+  [ -f "$archive" ] || record_archive
   say "environment $VENV is up to date (remove $stamp to force a reinstall)"
   exit 0
 fi
@@ -159,5 +171,7 @@ else
   installed_ok || die "horovod installed from $whl but does not import with Gloo; remove $wheel_dir and rerun."
 fi
 
+rm -f "$archive"  # the pins changed: recorded against the old jars, a JVM would only warn and skip it
+record_archive
 echo "$want" > "$stamp"
 say "ready: $("$vpy" -c 'import torch, pyspark, horovod; print(f"torch {torch.__version__}, pyspark {pyspark.__version__}, horovod {horovod.__version__}")')"

@@ -44,8 +44,28 @@ def local_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    conf = {**LOCAL_DEFAULTS, **(conf or {})}
+    conf = {**LOCAL_DEFAULTS, **class_archive_option(), **(conf or {})}
     return create_session(SparkSession.builder.master(master).appName(app_name), conf)
+
+
+JVM_ARCHIVE = Path(sys.prefix) / "share" / "blocksync" / "spark-classes.jsa"
+"""The class-data-sharing archive local sessions start their JVM with, when it exists: every class a
+demo run loads, recorded by `make setup` (`python -m blocksync.pipeline.jvm_archive`)."""
+
+
+def class_archive_option() -> dict[str, str]:
+    """`spark.driver.defaultJavaOptions` naming JVM_ARCHIVE, when it exists.
+
+    The JVM then maps those classes from the archive instead of reading, parsing and verifying each
+    class file of Spark's jars: the cold start that a short local run spends most of its JVM time on
+    (the demo's wall time with and without it: benchmarks/results/demo.md). Unlike C1-only JIT flags
+    it costs nothing once the classes are loaded. A JVM whose build or Spark jars differ from the
+    archive's ignores it, with a warning in its log. A user's own spark.driver.defaultJavaOptions
+    replaces this; spark.driver.extraJavaOptions adds to it.
+    """
+    if not JVM_ARCHIVE.is_file():
+        return {}
+    return {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={JVM_ARCHIVE}"}
 
 
 def create_session(builder: SparkSession.Builder, conf: Mapping[str, str]) -> SparkSession:
