@@ -34,11 +34,12 @@ WITHOUT_ARCHIVE = ["spark.conf.spark.driver.defaultJavaOptions=-Xshare:auto"]
 
 
 def check() -> None:
-    from blocksync.pipeline.session import JVM_ARCHIVE
+    from blocksync.pipeline.session import JVM_ARCHIVE, class_archive_option
 
-    if not JVM_ARCHIVE.is_file():
-        raise SettingError(f"demo: {JVM_ARCHIVE} is missing, so the demo would not run as `make demo` does; "
-                           "record it with `make setup` (or python -m blocksync.pipeline.jvm_archive).")
+    if not class_archive_option():  # what local sessions start with, size check included
+        raise SettingError(f"demo: local sessions would start without the JVM class archive {JVM_ARCHIVE}, so "
+                           "the demo would not run as `make demo` does; record it with `make setup` (or python "
+                           "-m blocksync.pipeline.jvm_archive).")
 
 
 def one_run(out: Path, overrides: list[str] | None = None) -> dict:

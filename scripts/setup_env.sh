@@ -89,7 +89,7 @@ record_archive() {
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   && "$vpy" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("horovod.torch") is None)' 2>/dev/null; then
-  [ -f "$archive" ] || record_archive
+  [ -f "$archive" ] && [ -f "$archive.bytes" ] || record_archive
   say "environment $VENV is up to date (remove $stamp to force a reinstall)"
   exit 0
 fi
@@ -171,7 +171,7 @@ else
   installed_ok || die "horovod installed from $whl but does not import with Gloo; remove $wheel_dir and rerun."
 fi
 
-rm -f "$archive"  # the pins changed: recorded against the old jars, a JVM would only warn and skip it
+rm -f "$archive" "$archive.bytes"  # the pins changed: against the old jars a JVM would only warn and skip it
 record_archive
 echo "$want" > "$stamp"
 say "ready: $("$vpy" -c 'import torch, pyspark, horovod; print(f"torch {torch.__version__}, pyspark {pyspark.__version__}, horovod {horovod.__version__}")')"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from blocksync.pipeline import session
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def captured_conf(monkeypatch, conf=None) -> dict:
@@ -20,39 +19,46 @@ def captured_conf(monkeypatch, conf=None) -> dict:
     return seen
 
 
-def test_local_sessions_name_the_archive_only_when_it_exists(monkeypatch, tmp_path):
+def test_local_sessions_name_the_archive_only_when_it_is_there_whole(monkeypatch, tmp_path, caplog):
     archive = tmp_path / "spark-classes.jsa"
     monkeypatch.setattr(session, "JVM_ARCHIVE", archive)
     assert "spark.driver.defaultJavaOptions" not in captured_conf(monkeypatch)
     archive.write_bytes(b"recorded")
+    session.archive_size_file(archive).write_text("8")
     assert captured_conf(monkeypatch)["spark.driver.defaultJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
     own = {"spark.driver.defaultJavaOptions": "-Xshare:auto"}  # a user's own setting replaces it
     assert captured_conf(monkeypatch, own)["spark.driver.defaultJavaOptions"] == "-Xshare:auto"
+    archive.write_bytes(b"rec")  # truncated: a JVM would die of SIGBUS mapping it
+    with caplog.at_level(logging.WARNING, logger=session.__name__):
+        assert "spark.driver.defaultJavaOptions" not in captured_conf(monkeypatch)
+    assert "it is 3 bytes, its recording noted 8; record it again with `make setup`" in caplog.text
 
 
 MAPPED = """
 import sys
-from blocksync.pipeline.session import JVM_ARCHIVE, local_session
-# -Xshare:on: a JVM that cannot map the archive (another JDK build, other jars, a damaged file) refuses to
-# start, where the default (auto) would start without it.
-spark = local_session("local[1]", "archive-probe",
-                      {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={sys.argv[1]} -Xshare:on"})
+from blocksync.pipeline.session import local_session
+# -Xshare:on: a JVM that cannot use the archive (another JDK build, other jars, not an archive) refuses
+# to start, where the default (auto) would start without it.
+options = f"-XX:SharedArchiveFile={sys.argv[1]} -Xshare:on -XX:ErrorFile={sys.argv[2]}/hs_err_%p.log"
+spark = local_session("local[1]", "archive-probe", {"spark.driver.defaultJavaOptions": options})
 print(spark.range(5).count())
 spark.stop()
 """
 
 
-def start_with(archive: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", MAPPED, str(archive)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+def start_with(archive: Path, scratch: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", MAPPED, str(archive), str(scratch)], cwd=scratch,
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_the_archive_make_setup_recorded_maps_into_a_local_session(tmp_path):
-    if not session.JVM_ARCHIVE.is_file():
-        pytest.fail(f"{session.JVM_ARCHIVE} is missing: `make setup` records it "
-                    "(python -m blocksync.pipeline.jvm_archive)")
-    proc = start_with(session.JVM_ARCHIVE)
+    archive = session.JVM_ARCHIVE
+    if not archive.is_file():
+        pytest.fail(f"{archive} is missing: `make setup` records it (python -m blocksync.pipeline.jvm_archive)")
+    assert session.archive_size_file(archive).read_text() == str(archive.stat().st_size)
+    proc = start_with(archive, tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "5", proc.stderr[-2000:]
-    damaged = tmp_path / "damaged.jsa"
-    damaged.write_bytes(session.JVM_ARCHIVE.read_bytes()[:4096])  # the check above can fail
-    assert start_with(damaged).returncode != 0
+    other = tmp_path / "not-an-archive.jsa"
+    other.write_bytes(bytes(range(256)) * 400)  # the check above can fail: this one is refused
+    refused = start_with(other, tmp_path)
+    assert refused.returncode != 0 and "error has occurred while processing the shared archive" in refused.stderr

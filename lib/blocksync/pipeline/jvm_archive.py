@@ -6,7 +6,9 @@ it exits, the JVM writes every class it loaded into a class-data-sharing archive
 Later local sessions map those classes instead of loading them one by one (`class_archive_option`).
 
 The archive belongs to this JDK build and these Spark jars; a JVM that finds either changed ignores
-it, with a warning in its log, and `make setup` records it again when the pins change.
+it, with a warning in its log, and `make setup` records it again when the pins change. Its size goes
+into a file beside it (`session.archive_size_file`): a truncated archive crashes the JVM, so local
+sessions use it only at that size.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 from blocksync.pipeline.run_config import load_config
-from blocksync.pipeline.session import JVM_ARCHIVE, jvm_output_to, local_session
+from blocksync.pipeline.session import JVM_ARCHIVE, archive_size_file, jvm_output_to, local_session
 
 JVM_EXIT_SECONDS = 300
 
@@ -43,7 +45,9 @@ def record(config_path: str = "conf/local.yaml", target: Path = JVM_ARCHIVE) -> 
             end_jvm()
     if not partial.is_file():
         raise RuntimeError(f"the JVM exited without writing {partial}; is this JDK 13 or later?")
+    archive_size_file(target).unlink(missing_ok=True)  # no moment where a new archive passes an old size
     partial.replace(target)
+    archive_size_file(target).write_text(str(target.stat().st_size))
     return target
 
 

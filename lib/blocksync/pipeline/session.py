@@ -53,17 +53,31 @@ JVM_ARCHIVE = Path(sys.prefix) / "share" / "blocksync" / "spark-classes.jsa"
 demo run loads, recorded by `make setup` (`python -m blocksync.pipeline.jvm_archive`)."""
 
 
+def archive_size_file(archive: Path) -> Path:
+    """Where the recording notes the archive's size in bytes, beside it."""
+    return archive.with_name(archive.name + ".bytes")
+
+
 def class_archive_option() -> dict[str, str]:
-    """`spark.driver.defaultJavaOptions` naming JVM_ARCHIVE, when it exists.
+    """`spark.driver.defaultJavaOptions` naming JVM_ARCHIVE, when it exists whole.
 
     The JVM then maps those classes from the archive instead of reading, parsing and verifying each
     class file of Spark's jars: the cold start that a short local run spends most of its JVM time on
     (the demo's wall time with and without it: benchmarks/results/demo.md). Unlike C1-only JIT flags
     it costs nothing once the classes are loaded. A JVM whose build or Spark jars differ from the
-    archive's ignores it, with a warning in its log. A user's own spark.driver.defaultJavaOptions
-    replaces this; spark.driver.extraJavaOptions adds to it.
+    archive's ignores it, with a warning in its log. A truncated archive is another matter: JDK 17
+    dies of SIGBUS mapping it, even with -XX:+VerifySharedSpaces, so an archive whose size differs
+    from the one its recording noted is left out, with a warning here. A user's own
+    spark.driver.defaultJavaOptions replaces this; spark.driver.extraJavaOptions adds to it.
     """
     if not JVM_ARCHIVE.is_file():
+        return {}
+    size_file = archive_size_file(JVM_ARCHIVE)
+    noted = size_file.read_text().strip() if size_file.is_file() else "unknown"
+    if noted != str(JVM_ARCHIVE.stat().st_size):
+        log.warning("not using the JVM class archive %s: it is %d bytes, its recording noted %s; record it "
+                    "again with `make setup` (python -m blocksync.pipeline.jvm_archive)",
+                    JVM_ARCHIVE, JVM_ARCHIVE.stat().st_size, noted)
         return {}
     return {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={JVM_ARCHIVE}"}
 
