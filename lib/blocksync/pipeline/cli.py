@@ -1,7 +1,9 @@
 """`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`, and
 `blocksync predict --model RUN_OR_MODEL --input PATH_OR_TABLE --output PATH` for new data.
 
-The console script and `spark-submit jobs/<stage>.py` both call `main`.
+The console script, `python -m blocksync.pipeline.cli` and `spark-submit jobs/<stage>.py` all call
+`console` (`main`, then exit). Settings are checked before Spark starts; the JVM then starts while
+a thread imports what the stage needs (`session_with_preload`).
 Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
 traceback); 1 runtime failure (the message, with the failing worker's own
 error and rank when a worker failed).
