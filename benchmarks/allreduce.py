@@ -51,7 +51,7 @@ def stage(spark, backend: str, sizes: list[int], workers: int = WORKERS,
         import torch
         from pyspark import BarrierTaskContext
 
-        from blocksync.engine.collectives import start_collective
+        from blocksync.engine.comm.collectives import start_collective
 
         for _ in batches:
             pass

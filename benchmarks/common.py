@@ -92,7 +92,7 @@ def cached_blocks(spark, files: list[str], workers: int, seed: int = 0):
     Spark answers any later query with the same plan from this cache: a timed `train`
     on the same files must use another seed, or it would skip cutting its blocks.
     """
-    from blocksync.engine.blocks import make_blocks
+    from blocksync.engine.driver.blocks import make_blocks
 
     blocks, info = make_blocks(spark.read.parquet(*files), features="features", label="label",
                                num_workers=workers, seed=seed)

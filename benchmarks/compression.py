@@ -55,8 +55,8 @@ def measured_wire_bytes(spark, mode: str, num_features: int, num_outputs: int, e
         from pyspark import BarrierTaskContext
 
         from blocksync import ModelSpec
-        from blocksync.engine.collectives import start_collective
-        from blocksync.engine.compression import make_compressor
+        from blocksync.engine.comm.collectives import start_collective
+        from blocksync.engine.comm.compression import make_compressor
         from blocksync.engine.models import build_model
 
         def written() -> int:
@@ -91,7 +91,7 @@ def measured_wire_bytes(spark, mode: str, num_features: int, num_outputs: int, e
 
 
 def wire_table(spark, info, payloads: dict[str, float]) -> list[dict]:
-    from blocksync.engine.compression import wire_bytes
+    from blocksync.engine.comm.compression import wire_bytes
 
     out = []
     for mode in MODES:

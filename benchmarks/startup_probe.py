@@ -17,7 +17,7 @@ import importlib
 import sys
 import time
 
-from blocksync.engine.startup import process_started_at
+from blocksync.engine.worker.startup import process_started_at
 
 
 def main(mode: str) -> None:

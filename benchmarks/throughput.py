@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.common import cached_blocks, figure, median, save_figure, steady_step_seconds, write
 from benchmarks.data import load_numpy, synthetic
-from blocksync.engine.startup import PHASES as STARTUP_PHASES
+from blocksync.engine.worker.startup import PHASES as STARTUP_PHASES
 
 HIDDEN = [256, 256]
 BATCH = 4096

@@ -16,7 +16,7 @@ from pyspark.ml.feature import StandardScaler, StandardScalerModel, VectorAssemb
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blocksync.engine.collectives import start_collective
+from blocksync.engine.comm.collectives import start_collective
 
 
 def allreduce_check(

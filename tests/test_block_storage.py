@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from blocksync import ModelSpec, TrainConfig, train, train_blocks, train_files
-from blocksync.engine.block_store import DiskBlockWriter, MemoryBlock, min_budget_bytes, row_bytes, storage_width
-from blocksync.engine.storage import resolve_storage
+from blocksync.engine.driver.storage import resolve_storage
+from blocksync.engine.worker.block_store import DiskBlockWriter, MemoryBlock, min_budget_bytes, row_bytes, storage_width
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff
 from tests.test_engine import unequal_blocks
@@ -58,7 +58,7 @@ def test_a_disk_block_gives_the_rows_a_memory_block_gives(tmp_path, budget, kept
 KILLED_WRITER = """
 import os, signal, sys
 import numpy as np
-from blocksync.engine.block_store import DiskBlockWriter
+from blocksync.engine.worker.block_store import DiskBlockWriter
 writer = DiskBlockWriter(4, 100, sys.argv[1])
 writer.append(np.ones((60, 4), np.float32), np.zeros(60))
 print(len(os.listdir(sys.argv[1])), flush=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blocksync.engine.block_store import cgroup_memory
+from blocksync.engine.worker.block_store import cgroup_memory
 from tests.helpers import own_memory_cgroup
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,7 +45,7 @@ def test_no_limit_is_none(tmp_path, version, unlimited):
 CHECK = """
 import os, sys
 open(sys.argv[1] + "/cgroup.procs", "w").write(str(os.getpid()))
-from blocksync.engine.block_store import check_block_fits
+from blocksync.engine.worker.block_store import check_block_fits
 check_block_fits(1000, 16)  # 70 KB: fits
 try:
     check_block_fits(4_000_000, 256)  # 3,937 MiB against a 512 MiB limit

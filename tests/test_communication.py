@@ -147,7 +147,7 @@ def test_rendezvous_listens_on_the_task_host_only_during_start_up(spark, backend
 
         from pyspark import BarrierTaskContext
 
-        from blocksync.engine.collectives import start_collective
+        from blocksync.engine.comm.collectives import start_collective
 
         for _ in rows:
             pass

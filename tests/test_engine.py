@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from blocksync import BlockInfo, ModelSpec, TrainConfig, make_blocks, train, train_blocks
-from blocksync.engine.blocks import place_blocks
+from blocksync.engine.driver.blocks import place_blocks
 from blocksync.pipeline.datasets import digits_frame
 from tests.conftest import synthetic_classification
 from tests.helpers import accuracy, collect_blocks, split_standardized

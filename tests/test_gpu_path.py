@@ -57,7 +57,7 @@ def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
 
 
 def test_device_selection_without_cuda():
-    from blocksync.engine.worker import select_device
+    from blocksync.engine.worker.worker import select_device
 
     skip_with_cuda()
     assert select_device("cpu", ["0"]) == (torch.device("cpu"), None)
@@ -82,7 +82,7 @@ class FakeCudaTensor:
 
 @pytest.mark.parametrize("backend", ["spark", "torch_gloo"])
 def test_host_staging_for_gloo(backend):
-    from blocksync.engine.collectives import SparkCollective, TorchGlooCollective, to_collective
+    from blocksync.engine.comm.collectives import SparkCollective, TorchGlooCollective, to_collective
 
     kind = {"spark": SparkCollective, "torch_gloo": TorchGlooCollective}[backend]
     coll = kind.__new__(kind)  # no Spark needed to ask where tensors go
@@ -95,7 +95,7 @@ def test_host_staging_for_gloo(backend):
 
 
 def test_device_capable_collective_gets_gpu_tensors_as_they_are():
-    from blocksync.engine.collectives import HorovodCollective, to_collective
+    from blocksync.engine.comm.collectives import HorovodCollective, to_collective
 
     coll = HorovodCollective.__new__(HorovodCollective)
     coll.device_tensors = True  # what a Horovod built with NCCL reports

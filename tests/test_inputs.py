@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from blocksync import Input, ModelSpec, TrainConfig, TrainingError, make_blocks, train, train_blocks
-from blocksync.engine.input_columns import check_ids, resolve_inputs
+from blocksync.engine.driver.input_columns import check_ids, resolve_inputs
 from blocksync.pipeline.datasets import shop_table
 from tests.helpers import collect_typed_blocks
 from tests.reference import max_param_diff, reference_train

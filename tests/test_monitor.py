@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from blocksync.engine.launcher import worker_error
+from blocksync.engine.driver.launcher import worker_error
 from blocksync.engine.progress import RunMonitor
 
 pytestmark = pytest.mark.timeout(60)

@@ -30,7 +30,7 @@ ONE_PER_HOST = {"spark.executor.cores": "1", "spark.executor.memory": "768m", "s
 
 
 # A task address that is a hostname resolving to loopback still gets the interface that reaches the peers.
-PROBE = ("import socket; from blocksync.engine.collectives import interface_for, local_address; "
+PROBE = ("import socket; from blocksync.engine.comm.collectives import interface_for, local_address; "
          "n = socket.gethostname(); peers = ['host2', 'host3']; "
          "print(n, socket.gethostbyname(n), local_address(n, peers), interface_for(n, None, peers))")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from blocksync.engine.collectives import Rendezvous, TorchGlooCollective
+from blocksync.engine.comm.collectives import Rendezvous, TorchGlooCollective
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, train, train_files
-from blocksync.engine.scan import parquet_scan_files, pyarrow_opens
-from blocksync.engine.shards import plan_shards, read_block
+from blocksync.engine.driver.scan import parquet_scan_files, pyarrow_opens
+from blocksync.engine.driver.shards import plan_shards
+from blocksync.engine.worker.shard_reader import read_block
 from tests.conftest import synthetic_classification
 from tests.reference import max_param_diff, reference_train
 

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from blocksync.engine.startup import StartupClock, describe, process_started_at
+from blocksync.engine.worker.startup import StartupClock, describe, process_started_at
 
 
 def test_process_start_is_read_from_the_kernel():
     before = time.time()
-    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5); "
-                          "from blocksync.engine.startup import process_started_at; print(process_started_at())"],
+    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5); from blocksync.engine.worker."
+                          "startup import process_started_at; print(process_started_at())"],
                          capture_output=True, text=True, check=True)
     after = time.time()
     started = float(out.stdout)

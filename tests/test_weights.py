@@ -112,7 +112,7 @@ def test_bad_weights_are_refused_with_the_column_named(spark, tmp_path):
 
 
 def test_the_driver_counts_a_weight_in_a_blocks_size(spark, tmp_path, monkeypatch):
-    from blocksync.engine import launcher
+    from blocksync.engine.driver import launcher
 
     pdf = weighted_frame(150, seed=8)  # 3 blocks of 50 rows, 6 features
     pq.write_table(pa.table({"features": pa.array(list(pdf["features"]), pa.list_(pa.float32())),

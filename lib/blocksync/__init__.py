@@ -14,28 +14,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from blocksync.engine.blocks import BlockInfo, make_blocks
     from blocksync.engine.config import ModelSpec, TrainConfig
+    from blocksync.engine.driver.blocks import BlockInfo, make_blocks
+    from blocksync.engine.driver.launcher import TrainResult, train, train_blocks, train_files
     from blocksync.engine.errors import CollectiveError, TrainingError
     from blocksync.engine.inputs import Input, InputSpec
-    from blocksync.engine.launcher import TrainResult, train, train_blocks, train_files
     from blocksync.pipeline.artifacts import SavedModel, load_model
 
 __version__ = "0.1.0"
 
 _HOME = {
-    "BlockInfo": "blocksync.engine.blocks",
-    "make_blocks": "blocksync.engine.blocks",
+    "BlockInfo": "blocksync.engine.driver.blocks",
+    "make_blocks": "blocksync.engine.driver.blocks",
     "ModelSpec": "blocksync.engine.config",
     "TrainConfig": "blocksync.engine.config",
     "CollectiveError": "blocksync.engine.errors",
     "TrainingError": "blocksync.engine.errors",
     "Input": "blocksync.engine.inputs",
     "InputSpec": "blocksync.engine.inputs",
-    "TrainResult": "blocksync.engine.launcher",
-    "train": "blocksync.engine.launcher",
-    "train_blocks": "blocksync.engine.launcher",
-    "train_files": "blocksync.engine.launcher",
+    "TrainResult": "blocksync.engine.driver.launcher",
+    "train": "blocksync.engine.driver.launcher",
+    "train_blocks": "blocksync.engine.driver.launcher",
+    "train_files": "blocksync.engine.driver.launcher",
     "SavedModel": "blocksync.pipeline.artifacts",
     "load_model": "blocksync.pipeline.artifacts",
 }

@@ -18,7 +18,7 @@ import torch
 import torch._dynamo  # noqa: F401  (see above: the first optimizer imports it)
 from pyspark import daemon
 
-import blocksync.engine.worker  # noqa: F401  (the training closure's own imports)
+import blocksync.engine.worker.worker  # noqa: F401  (the training closure's own imports)
 
 if __name__ == "__main__":
     assert torch.__version__  # keeps the import explicit

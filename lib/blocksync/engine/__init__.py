@@ -1,15 +1,15 @@
-"""The engine: everything that runs the barrier stage.
+"""The engine: everything that runs the barrier stage, in three sides and the definitions they share.
 
-Driver side: `config` (TrainConfig), `blocks` and `shards` (cutting the data into
-one block per rank), `scan` (is a DataFrame only Parquet files?), `storage` (block
-sizes: memory or disk), `input_columns` (typed inputs' checks), `launcher`
-(validate, launch, relaunch, assemble) and `metrics`. Worker side: `worker` (the
-task function), `startup` (phases before the first step), `block_store` (a block
-in memory or on local disk), `trainer` (the BSP loop), `block_data`,
-`collectives`, `compression`, `checkpoint`, `models`, `losses`, `optim`, `inputs`;
-`progress` carries heartbeats from the workers to the driver's monitor, and
-`last_words` a dead rank's stderr.
+- `driver/`: validate settings and the cluster, cut the blocks (`blocks`, or Parquet row ranges in
+  `shards`), size where they are kept (`storage`), launch and relaunch the one barrier stage and
+  assemble the result (`launcher`), and the run's metrics.
+- `worker/`: what each barrier task runs: load its block (`block_store`, `shard_reader`), start up,
+  and the BSP loop (`trainer`); the step-by-step protocol is in `worker.worker`.
+- `comm/`: the collectives (horovod, torch_gloo, spark) and gradient compression.
+- this folder: the definitions both sides use (`config`, `plan`, `errors`, `models`, `losses`,
+  `optim`, `inputs`, `checkpoint`, and `progress`/`last_words`, the worker-to-driver reports).
 
-The engine imports nothing from `blocksync.pipeline`: the pipeline (YAML runs,
-CLI, artifacts) is built on top of it.
+Each layer imports only those below it (shared < comm < worker < driver), and the engine imports
+nothing from `blocksync.pipeline` or `blocksync.ml`, which are built on top of it
+(`tests/test_layout.py` checks both, and that no modules import each other).
 """

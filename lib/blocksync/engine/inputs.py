@@ -33,6 +33,9 @@ import numpy as np
 import torch
 
 KINDS = ("numeric", "tokens", "categorical")
+FEATURES = "features"
+LABEL = "label"
+WEIGHT = "weight"
 IDS = "ids"
 """The blocks' column of id inputs side by side (array<bigint>), beside `features`."""
 

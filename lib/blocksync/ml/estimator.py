@@ -35,7 +35,7 @@ from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 
-from blocksync.engine.launcher import task_slots, train
+from blocksync.engine.driver.launcher import task_slots, train
 from blocksync.engine.models import state_bytes
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
 from blocksync.ml.params import TrainParams, _optional

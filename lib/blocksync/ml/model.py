@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pyspark.ml import Model
 from pyspark.ml.functions import array_to_vector, predict_batch_udf
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol
@@ -32,13 +31,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.engine.blocks import features_column
 from blocksync.engine.config import ModelSpec
-from blocksync.engine.input_columns import check_ids, packed_columns
+from blocksync.engine.driver.blocks import features_column
+from blocksync.engine.driver.input_columns import check_ids, packed_columns
 from blocksync.engine.inputs import inputs_of, network_input
 from blocksync.engine.models import module_from_bytes
 from blocksync.ml.params import TrainParams
-from blocksync.ml.persistence import ModelReader, ModelWriter
+from blocksync.ml.persistence import ModelReader, ModelWriter, PersistedModel
 
 SCORED = "__blocksync_scored"
 
@@ -86,7 +85,7 @@ def _make_predict(meta: dict[str, Any], weights: bytes,
     return predict
 
 
-class BlockSyncModelBase(Model, TrainParams, MLWritable, MLReadable):
+class BlockSyncModelBase(PersistedModel, TrainParams, MLWritable, MLReadable):
     """What both fitted models share: the weights, what the network is, and scoring."""
 
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize", "rows per call of the network in transform",

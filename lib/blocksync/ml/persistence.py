@@ -18,17 +18,23 @@ executors.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.errors import AnalysisException
+from pyspark.ml import Model
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 from pyspark.sql import SparkSession
 
 from blocksync.engine.config import ModelSpec
 from blocksync.engine.models import check_importable, is_custom
 
-if TYPE_CHECKING:
-    from blocksync.ml.model import BlockSyncModelBase
+
+class PersistedModel(Model):
+    """What the writer needs of a fitted model, and the base `ml.model.BlockSyncModelBase` extends: its
+    Params, the safetensors bytes of its weights and its metadata."""
+
+    _weights: bytes
+    _meta: dict[str, Any]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ def remove_path(spark: SparkSession, path: str) -> None:
 class ModelWriter(MLWriter):
     """`model.write().save(path)`; `.overwrite()` replaces what is at `path`."""
 
-    def __init__(self, instance: BlockSyncModelBase) -> None:
+    def __init__(self, instance: PersistedModel) -> None:
         super().__init__()
         self.instance = instance
 
@@ -86,11 +92,11 @@ class ModelWriter(MLWriter):
 class ModelReader(MLReader):
     """`BlockSyncClassificationModel.load(path)`, and what `PipelineModel.load` calls for the stage."""
 
-    def __init__(self, cls: type[BlockSyncModelBase]) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str) -> BlockSyncModelBase:
+    def load(self, path: str) -> Any:
         spark = self.sparkSession
         try:
             metadata = DefaultParamsReader.loadMetadata(path, spark)

@@ -8,7 +8,7 @@ without loading them, and loads them while the JVM starts (`blocksync.pipeline.c
 from __future__ import annotations
 
 from blocksync.engine.config import ModelSpec, is_custom
-from blocksync.engine.scan import pyarrow_opens
+from blocksync.engine.driver.scan import pyarrow_opens
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import is_uri
 

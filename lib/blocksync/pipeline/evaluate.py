@@ -17,11 +17,11 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blocksync.engine.blocks import FEATURES, LABEL
 from blocksync.engine.config import ModelSpec
-from blocksync.engine.input_columns import check_ids, packed_columns
+from blocksync.engine.driver.blocks import FEATURES, LABEL
+from blocksync.engine.driver.input_columns import check_ids, packed_columns
+from blocksync.engine.driver.spark_facts import is_connect
 from blocksync.engine.inputs import IDS, inputs_of
-from blocksync.engine.launcher import is_connect
 from blocksync.engine.models import state_bytes
 from blocksync.pipeline.artifacts import SavedModel
 

@@ -24,7 +24,7 @@ from pyspark.ml.functions import vector_to_array
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blocksync.engine.blocks import features_column
+from blocksync.engine.driver.blocks import features_column
 from blocksync.engine.models import state_bytes
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
 from blocksync.ml.persistence import path_exists

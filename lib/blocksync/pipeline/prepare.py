@@ -18,7 +18,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.engine.blocks import (
+from blocksync.engine.driver.blocks import (
     FEATURES,
     LABEL,
     WEIGHT,
@@ -28,7 +28,7 @@ from blocksync.engine.blocks import (
     features_column,
     weight_column,
 )
-from blocksync.engine.input_columns import resolve_inputs
+from blocksync.engine.driver.input_columns import resolve_inputs
 from blocksync.engine.inputs import source_columns
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import load_source

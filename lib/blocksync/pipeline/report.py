@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from blocksync.engine.metrics import PHASES
-from blocksync.engine.startup import describe as startup_caption
+from blocksync.engine.driver.metrics import PHASES
+from blocksync.engine.worker.startup import describe as startup_caption
 
 
 def steps_frame(rank_summaries: list[dict[str, Any]]) -> pd.DataFrame:

@@ -26,8 +26,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from blocksync.engine.driver.launcher import TrainResult, train, train_files
 from blocksync.engine.inputs import InputSpec
-from blocksync.engine.launcher import TrainResult, train, train_files
 from blocksync.pipeline.artifacts import load_model_from, model_meta, save_model
 from blocksync.pipeline.checks import check_settings
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics

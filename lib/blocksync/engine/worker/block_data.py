@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from blocksync.engine.blocks import FEATURES, LABEL, WEIGHT
-from blocksync.engine.inputs import IDS
+from blocksync.engine.inputs import FEATURES, IDS, LABEL, WEIGHT
 
 
 def batch_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

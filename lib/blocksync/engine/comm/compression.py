@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blocksync.engine.collectives import Collective
+from blocksync.engine.comm.collectives import Collective
 from blocksync.engine.config import COMPRESSIONS
 
 CHUNK = 4096

@@ -55,15 +55,19 @@ import os
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from blocksync.engine.block_data import batch_arrays, split_targets
-from blocksync.engine.block_store import (
+from blocksync.engine.comm.collectives import Collective, Rendezvous, start_collective
+from blocksync.engine.last_words import StderrRelay
+from blocksync.engine.models import state_bytes
+from blocksync.engine.plan import WorkerPlan
+from blocksync.engine.progress import Heartbeat
+from blocksync.engine.worker.block_data import batch_arrays, split_targets
+from blocksync.engine.worker.block_store import (
     Block,
     DiskBlockWriter,
     MemoryBlock,
@@ -71,15 +75,9 @@ from blocksync.engine.block_store import (
     check_block_fits,
     storage_width,
 )
-from blocksync.engine.collectives import Collective, Rendezvous, start_collective
-from blocksync.engine.config import TrainConfig
-from blocksync.engine.inputs import InputSpec
-from blocksync.engine.last_words import StderrRelay
-from blocksync.engine.models import state_bytes
-from blocksync.engine.progress import Heartbeat
-from blocksync.engine.shards import ShardPlan, iter_pieces
-from blocksync.engine.startup import StartupClock
-from blocksync.engine.trainer import Trainer, params_digest
+from blocksync.engine.worker.shard_reader import iter_pieces
+from blocksync.engine.worker.startup import StartupClock
+from blocksync.engine.worker.trainer import Trainer, params_digest
 
 log = logging.getLogger(__name__)
 
@@ -90,53 +88,6 @@ RESULT_SCHEMA = pa.schema(
     [("kind", pa.string()), ("rank", pa.int32()), ("seq", pa.int32()), ("payload", pa.binary())]
 )
 RESULT_SCHEMA_DDL = "kind string, rank int, seq int, payload binary"
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """Everything a worker needs, resolved by the driver into plain values."""
-
-    config: TrainConfig
-    num_features: int
-    num_outputs: int
-    total_rows: int
-    steps_per_epoch: int
-    monitor_address: str | None = None
-    """host:port of the driver's RunMonitor (heartbeats from every rank, progress from rank 0), or None."""
-    attempt: int = 0
-    """0 for the first launch, then 1, 2, ... for relaunches after a failure."""
-    resume_from: str | None = None
-    """Checkpoint folder to resume from (validated by the driver), or None to start fresh."""
-    shards: ShardPlan | None = None
-    """blocks=files: each rank reads its rows of the Parquet files itself (`shards`); None: the
-    task's input partition is its block."""
-    block_rows: list[int] | None = None
-    """Rows of each rank's block, as the driver counted them (memory mode allocates the block once)."""
-    val_rows: list[int] | None = None
-    """Held-out validation rows of each rank, after its `block_rows` in the partition; None: no validation."""
-    storage: str = "memory"
-    """`memory` or `disk`: train.block_storage, with `auto` resolved by the driver (`storage`)."""
-    weighted: bool = False
-    """Rows carry a weight (targets are (label, weight) pairs): the loss is the weighted sum over the
-    global batch divided by its summed weights."""
-    launched_at: float = 0.0
-    """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
-    inputs: InputSpec | None = None
-    """Typed inputs (`num_features` is the width of the numeric ones, `id_width` of the id ones); None:
-    one feature matrix."""
-
-    @property
-    def total_steps(self) -> int:
-        return self.steps_per_epoch * self.config.epochs
-
-    @property
-    def id_width(self) -> int:
-        return self.inputs.id_width if self.inputs is not None else 0
-
-    @property
-    def target_columns(self) -> int:
-        """Float64 targets per row: the label, and its weight when rows are weighted."""
-        return 2 if self.weighted else 1
 
 
 def select_device(requested: str, gpu_addresses: list[str]) -> tuple[torch.device, str | None]:

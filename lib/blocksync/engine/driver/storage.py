@@ -19,8 +19,9 @@ import math
 
 from pyspark.sql import SparkSession
 
-from blocksync.engine.block_store import min_budget_bytes, row_bytes
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.driver.spark_facts import is_connect, is_local
+from blocksync.engine.worker.block_store import min_budget_bytes, row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ def _bytes(setting: str) -> int:
 
 def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, str] | None:
     """(bytes, where the figure comes from) of memory one Python worker may use, when the driver knows."""
-    from blocksync.engine.launcher import is_connect, is_local  # launcher imports this module
 
     if spark is None or is_connect(spark):
         return None

@@ -11,7 +11,7 @@ import numpy as np
 from blocksync.engine.config import TrainConfig
 
 if TYPE_CHECKING:
-    from blocksync.engine.worker import WorkerPlan
+    from blocksync.engine.plan import WorkerPlan
 
 log = logging.getLogger(__name__)
 

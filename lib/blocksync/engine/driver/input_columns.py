@@ -17,8 +17,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blocksync.engine.blocks import _NUMERIC, _is_vector
 from blocksync.engine.inputs import Input, InputSpec, parse_inputs, source_columns, with_measured
+
+NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+"""Spark types a numeric feature, label or weight column may have."""
+
+
+def is_vector(dtype: T.DataType) -> bool:
+    return dtype.typeName() == "vector" or type(dtype).__name__ == "VectorUDT"
 
 
 def values_column(df: DataFrame, item: Input) -> Column:
@@ -40,16 +46,16 @@ def _raw(df: DataFrame, item: Input) -> Column:
     dtype = schema[names[0]]
     if len(names) == 1 and isinstance(dtype, T.ArrayType):
         element = dtype.elementType
-        if item.kind == "categorical" or not isinstance(element, _NUMERIC):
+        if item.kind == "categorical" or not isinstance(element, NUMERIC):
             raise ValueError(f"{where} reads {names[0]!r}, an {schema[names[0]].simpleString()}; "
                              + ("a categorical input is one integer column." if item.kind == "categorical"
                                 else "its values must be numbers."))
         return F.col(names[0])
-    if len(names) == 1 and _is_vector(schema[names[0]]) and item.kind == "numeric":
+    if len(names) == 1 and is_vector(schema[names[0]]) and item.kind == "numeric":
         from pyspark.ml.functions import vector_to_array
 
         return vector_to_array(F.col(names[0]), "float32")
-    bad = {n: schema[n].simpleString() for n in names if not isinstance(schema[n], _NUMERIC)}
+    bad = {n: schema[n].simpleString() for n in names if not isinstance(schema[n], NUMERIC)}
     if bad:
         hint = (" (index strings first, e.g. with pyspark.ml.feature.StringIndexer)" if item.is_ids else
                 " (cast or encode them first)")

@@ -41,17 +41,17 @@ import numpy as np
 import torch
 
 from blocksync.engine import checkpoint
-from blocksync.engine.block_data import batch_slices, epoch_permutation, split_targets
-from blocksync.engine.collectives import Collective, to_collective
-from blocksync.engine.compression import make_compressor
+from blocksync.engine.comm.collectives import Collective, to_collective
+from blocksync.engine.comm.compression import make_compressor
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
+from blocksync.engine.worker.block_data import batch_slices, epoch_permutation, split_targets
 
 if TYPE_CHECKING:
-    from blocksync.engine.block_store import Block
-    from blocksync.engine.worker import WorkerPlan
+    from blocksync.engine.plan import WorkerPlan
+    from blocksync.engine.worker.block_store import Block
 
 log = logging.getLogger(__name__)
 

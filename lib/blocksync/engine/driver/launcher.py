@@ -40,23 +40,26 @@ from typing import Any
 import torch
 from pyspark.sql import DataFrame, SparkSession
 
-from blocksync.engine import checkpoint, startup
-from blocksync.engine.block_data import steps_per_epoch
-from blocksync.engine.block_store import storage_width
-from blocksync.engine.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
-from blocksync.engine.collectives import HOROVOD_DEFAULT_FUSION_MB, import_horovod
+from blocksync.engine import checkpoint
+from blocksync.engine.comm.collectives import HOROVOD_DEFAULT_FUSION_MB, import_horovod
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.driver.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
+from blocksync.engine.driver.input_columns import resolve_inputs
+from blocksync.engine.driver.metrics import run_metrics
+from blocksync.engine.driver.scan import parquet_scan_files
+from blocksync.engine.driver.shards import plan_shards
+from blocksync.engine.driver.spark_facts import is_connect, is_local
+from blocksync.engine.driver.storage import resolve_storage, worker_memory
 from blocksync.engine.errors import CollectiveError, TrainingError
-from blocksync.engine.input_columns import resolve_inputs
 from blocksync.engine.inputs import Input, InputSpec
 from blocksync.engine.losses import check_loss
-from blocksync.engine.metrics import run_metrics
 from blocksync.engine.models import build_model, module_from_bytes, validate_spec
+from blocksync.engine.plan import ShardPlan, WorkerPlan
 from blocksync.engine.progress import RunMonitor
-from blocksync.engine.scan import parquet_scan_files
-from blocksync.engine.shards import ShardPlan, plan_shards
-from blocksync.engine.storage import resolve_storage, worker_memory
-from blocksync.engine.worker import RESULT_SCHEMA_DDL, WorkerPlan, make_worker
+from blocksync.engine.worker import startup
+from blocksync.engine.worker.block_data import steps_per_epoch
+from blocksync.engine.worker.block_store import storage_width
+from blocksync.engine.worker.worker import RESULT_SCHEMA_DDL, make_worker
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +78,6 @@ class TrainResult:
     rank_summaries: list[dict[str, Any]] = field(repr=False)
     inputs: InputSpec | None = None
     """The typed inputs as trained (widths and cardinalities measured); None: one feature matrix."""
-
-
-def is_connect(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def is_local(spark: SparkSession) -> bool:
-    """A local master: the tasks run inside the driver JVM (its one executor is the driver)."""
-    return not is_connect(spark) and (spark.sparkContext.master or "").startswith("local")
 
 
 def task_slots(spark: SparkSession) -> int | None:

@@ -30,13 +30,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from blocksync.engine.inputs import IDS, InputSpec, source_columns
+from blocksync.engine.driver.input_columns import NUMERIC as _NUMERIC
+from blocksync.engine.driver.input_columns import is_vector as _is_vector
+from blocksync.engine.driver.input_columns import packed_columns
+from blocksync.engine.inputs import FEATURES, IDS, LABEL, WEIGHT, InputSpec, source_columns
 
-FEATURES = "features"
-LABEL = "label"
-WEIGHT = "weight"
 """With per-row weights: the blocks' third column (float64, checked finite and non-negative)."""
-_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
 
 @dataclass(frozen=True)
@@ -53,10 +52,6 @@ class BlockInfo:
     partition; None: no validation."""
     inputs: InputSpec | None = None
     """Typed inputs (`num_features` is then the width of the numeric ones); None: one feature matrix."""
-
-
-def _is_vector(dtype: T.DataType) -> bool:
-    return dtype.typeName() == "vector" or type(dtype).__name__ == "VectorUDT"
 
 
 def _names(features: str | list[str]) -> list[str]:
@@ -256,7 +251,6 @@ def _block_columns(df: DataFrame, features: str | list[str], label: str, validat
         check_label_not_a_feature(features, label)
         values = [features_column(df, features).alias(FEATURES)]
     else:
-        from blocksync.engine.input_columns import packed_columns  # it builds on this module's checks
 
         check_label_not_an_input(df, inputs, label)
         floats, ids = packed_columns(df, inputs)
