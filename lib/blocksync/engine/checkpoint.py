@@ -6,14 +6,7 @@ Layout under `checkpoint.dir`:
     step-000000120/state.safetensors    model parameters, optimizer tensors, torch RNG state
     step-000000120/rank-00003.safetensors   per-rank state: error-feedback residual, epoch statistics
 
-Writing: rank 0 clears `step-N/`; after a barrier every rank writes its own
-file into it; after a second barrier rank 0 writes the state and then the
-manifest, last: the manifest is the commit point. Readers only trust `step-*`
-folders that hold a manifest, so a crash mid-write leaves nothing that looks
-valid, and no step relies on renaming a folder (object stores such as S3
-cannot move one). Rank 0 then prunes all but the newest `keep`. Tensors are
-stored with safetensors and metadata as JSON: loading a checkpoint never
-unpickles code.
+How a checkpoint is written and committed (the manifest, last): `write`.
 """
 
 from __future__ import annotations
@@ -123,7 +116,17 @@ def write(
     optimizer: torch.optim.Optimizer, scheduler: Any, history: list[dict[str, float]],
     rank_state: dict[str, torch.Tensor],
 ) -> None:
-    """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive."""
+    """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive.
+
+    Writing: rank 0 clears `step-N/`; after a barrier every rank writes its own
+    file into it; after a second barrier rank 0 writes the state and then the
+    manifest, last: the manifest is the commit point. Readers only trust `step-*`
+    folders that hold a manifest, so a crash mid-write leaves nothing that looks
+    valid, and no step relies on renaming a folder (object stores such as S3
+    cannot move one). Rank 0 then prunes all but the newest `keep`. Tensors are
+    stored with safetensors and metadata as JSON: loading a checkpoint never
+    unpickles code.
+    """
     from safetensors.torch import save
 
     fs, root = filesystem(uri)

@@ -11,15 +11,7 @@ tensors keyed by input name, one per input:
 - `categorical`: int64 [rows], category codes in [0, cardinality), from one integer column (index
   strings first, e.g. with pyspark.ml.feature.StringIndexer).
 
-`cardinality` unset: the driver measures it on the training rows as max id + 1. Policy for an id at
-or beyond it (a token outside the vocabulary, a category unseen when the cardinalities were
-measured, in training or in scoring): an error on the driver, naming the input; there is no
-reserved "unknown" index, since an embedding never trained on would score noise.
-
-In the blocks, an input keeps its dtype: every rank holds a float32 matrix of the numeric inputs
-side by side and an int64 matrix of the id inputs side by side, in `inputs` order (`InputSpec.slices`),
-so a step's batch is two row gathers whatever the number of inputs; the model's dict holds views
-into them.
+The cardinality policy and how inputs lie in the blocks: `InputSpec`.
 """
 
 from __future__ import annotations
@@ -83,7 +75,18 @@ class Input:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The resolved inputs (widths and cardinalities known), as the model factory receives them."""
+    """The resolved inputs (widths and cardinalities known), as the model factory receives them.
+
+    `cardinality` unset: the driver measures it on the training rows as max id + 1. Policy for an id at
+    or beyond it (a token outside the vocabulary, a category unseen when the cardinalities were
+    measured, in training or in scoring): an error on the driver, naming the input; there is no
+    reserved "unknown" index, since an embedding never trained on would score noise.
+
+    In the blocks, an input keeps its dtype: every rank holds a float32 matrix of the numeric inputs
+    side by side and an int64 matrix of the id inputs side by side, in `inputs` order (`InputSpec.slices`),
+    so a step's batch is two row gathers whatever the number of inputs; the model's dict holds views
+    into them.
+    """
 
     inputs: tuple[Input, ...]
 

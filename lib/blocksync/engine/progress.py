@@ -6,22 +6,7 @@ current step and phase (load, startup, compute, sync, checkpoint) every
 0.5 s; rank 0 also sends progress (epoch, loss, samples/s), shown as a tqdm bar
 or, in quiet mode, one log line per epoch.
 
-The watchdog: every rank must be past loading and collective start-up within
-`startup_seconds` (timeouts.barrier_seconds), else the stage is cancelled naming
-the ranks still there. After that, when no rank has moved to another step or phase for
-`stall_seconds` (and at least SILENT_SECONDS), a rank whose heartbeats stopped
-while the others' arrive is cut off (its host or network is down), whatever its last
-beat said; else the ranks not waiting inside a collective are the stalled
-ones (the others wait for them); the monitor records which, and at what step,
-and calls `on_stall` (the launcher cancels the stage). A rank whose connection
-ends without a final "done" died (its Python worker exited); that is recorded
-too, and a rank that raised sends its error first. The first of these events
-is the root cause the launcher reports, except that an error which only says a
-peer went away (Gloo's "Connection closed by peer", Horovod's "has been shut
-down") is a consequence: it is reported only when no rank's own failure or death
-shows up within a moment of it (`failure_text`), since a dead rank's peers often
-notice before the monitor sees its connection end. Heartbeats are advisory: a
-rank that cannot connect logs a warning and trains on.
+The stall watchdog, and how the root cause of a failure is chosen: `RunMonitor`.
 """
 
 from __future__ import annotations
@@ -48,6 +33,23 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
 
 
 class RunMonitor:
+    """The watchdog: every rank must be past loading and collective start-up within
+    `startup_seconds` (timeouts.barrier_seconds), else the stage is cancelled naming
+    the ranks still there. After that, when no rank has moved to another step or phase for
+    `stall_seconds` (and at least SILENT_SECONDS), a rank whose heartbeats stopped
+    while the others' arrive is cut off (its host or network is down), whatever its last
+    beat said; else the ranks not waiting inside a collective are the stalled
+    ones (the others wait for them); the monitor records which, and at what step,
+    and calls `on_stall` (the launcher cancels the stage). A rank whose connection
+    ends without a final "done" died (its Python worker exited); that is recorded
+    too, and a rank that raised sends its error first. The first of these events
+    is the root cause the launcher reports, except that an error which only says a
+    peer went away (Gloo's "Connection closed by peer", Horovod's "has been shut
+    down") is a consequence: it is reported only when no rank's own failure or death
+    shows up within a moment of it (`failure_text`), since a dead rank's peers often
+    notice before the monitor sees its connection end. Heartbeats are advisory: a
+    rank that cannot connect logs a warning and trains on.
+    """
     def __init__(
         self, host: str, total_steps: int, *, show_bar: bool, log_epochs: bool = True,
         stall_seconds: float | None = None, num_ranks: int | None = None, startup_seconds: float | None = None,

@@ -8,27 +8,7 @@ all gradients, each already divided by the step's global batch size, into one
 buffer per step, so each step is exactly one collective call whatever the
 number of parameters.
 
-Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`), and
-as few of them as possible: Spark answers an allGather on a once-a-second poll,
-so each costs about a second. `Rendezvous` opens rank 0's start-up server
-before the worker's own allGather of its block facts, so the port rides along
-with them (`start_collective` gathers it itself when called without one):
-
-- `horovod`: rank 0 starts Horovod's Gloo rendezvous HTTP server (bound to its
-  own task address, ephemeral port) with the slot plan every rank computes
-  from the task hosts; every task sets the HOROVOD_* variables of its slot and
-  calls `hvd.init()`. After one Horovod all-reduce every rank is past the
-  rendezvous, and the server is stopped (it is only needed for start-up).
-- `torch_gloo`: rank 0 opens a `TCPStore` server on its task address (ephemeral
-  port); every task joins `init_process_group("gloo")` as a store client, and
-  the server is closed after the first collective (Gloo's mesh is connected by
-  then; nothing later uses the store).
-- `spark`: `allGather` of each rank's base64-encoded buffer, summed in rank
-  order. No extra dependency; every byte goes through the driver, so it is
-  only for tiny models.
-
-A backend that cannot start raises `CollectiveError` with the reason; nothing
-falls back to another backend.
+How each backend starts (bootstrap through barrier primitives only): `start_collective`.
 """
 
 from __future__ import annotations
@@ -428,6 +408,28 @@ def start_collective(
 
     `rendezvous`: one opened beforehand whose port every rank already knows;
     without it, one is opened here and its port shared by one allGather.
+
+    Bootstrap uses only barrier primitives (`BarrierTaskContext.allGather`), and
+    as few of them as possible: Spark answers an allGather on a once-a-second poll,
+    so each costs about a second. `Rendezvous` opens rank 0's start-up server
+    before the worker's own allGather of its block facts, so the port rides along
+    with them (`start_collective` gathers it itself when called without one):
+
+    - `horovod`: rank 0 starts Horovod's Gloo rendezvous HTTP server (bound to its
+      own task address, ephemeral port) with the slot plan every rank computes
+      from the task hosts; every task sets the HOROVOD_* variables of its slot and
+      calls `hvd.init()`. After one Horovod all-reduce every rank is past the
+      rendezvous, and the server is stopped (it is only needed for start-up).
+    - `torch_gloo`: rank 0 opens a `TCPStore` server on its task address (ephemeral
+      port); every task joins `init_process_group("gloo")` as a store client, and
+      the server is closed after the first collective (Gloo's mesh is connected by
+      then; nothing later uses the store).
+    - `spark`: `allGather` of each rank's base64-encoded buffer, summed in rank
+      order. No extra dependency; every byte goes through the driver, so it is
+      only for tiny models.
+
+    A backend that cannot start raises `CollectiveError` with the reason; nothing
+    falls back to another backend.
     """
     if rendezvous is None and backend != "spark":
         rendezvous = Rendezvous(backend, ctx, timeout_seconds=timeout_seconds)

@@ -4,31 +4,7 @@ Every rank passes its *contribution* (its summed local gradient divided by the
 global batch size, which every rank knows before the step) and receives the
 global mean gradient, identical on every rank.
 
-- `none`: one all-reduce of the float32 buffer.
-- `fp16`: the buffer travels as float16 (Horovod's `Compression.fp16` on the
-  horovod backend; a float16 all-reduce elsewhere) and is cast back.
-- `topk`: error feedback adds the residual of earlier steps, the k = ratio x P
-  largest magnitudes are kept (int32 indices, float16 values), the rest stays in
-  the residual; indices and values are all-gathered and summed in rank order.
-- `int8`: error feedback, then stochastic rounding to int8 with one float32
-  scale per chunk of 4096 values; codes and scales are all-gathered and the
-  dequantized contributions summed in rank order. The rounding noise is
-  seeded per (seed, rank, step), so runs are repeatable.
-- `powersgd`: rank-r PowerSGD with error feedback (Vogels et al., 2019). Each
-  weight matrix M (n x m, after adding its residual) is sent as two all-reduced
-  factors: P = M Q (n x r), orthogonalized identically on every rank, then
-  Q = M^T P (m x r); the step uses P Q^T. Q is kept from step to step (warm
-  start) and starts from a seeded normal draw shared by every rank. Biases,
-  other vectors and matrices too small to gain (r (n + m) >= n m) go
-  uncompressed in the first all-reduce. Each rank keeps M - P Q_rank^T as its
-  residual, where Q_rank is its own contribution to Q, so the residuals and
-  what was sent add up to the uncompressed sum exactly.
-
-`payload_bytes` is what one rank contributes per step (the message size S);
-`wire_bytes` estimates what it sends: 2(N-1)/N x S for a ring all-reduce,
-(N-1) x S for an all-gather. All-gather schemes (topk, int8) therefore send
-more per rank as workers are added; all-reduce schemes (none, fp16, powersgd)
-send less than 2 S at any N.
+Each mode, what it sends and what it keeps: `make_compressor`.
 """
 
 from __future__ import annotations
@@ -221,7 +197,34 @@ class PowerSGDCompressor(_FeedbackCompressor):
 
 def make_compressor(name: str, coll: Collective, shapes: list[torch.Size], *, topk_ratio: float,
                     powersgd_rank: int, seed: int) -> Compressor:
-    """The compressor `name` for parameters of `shapes` (in `parameters()` order)."""
+    """The compressor `name` for parameters of `shapes` (in `parameters()` order).
+
+    - `none`: one all-reduce of the float32 buffer.
+    - `fp16`: the buffer travels as float16 (Horovod's `Compression.fp16` on the
+      horovod backend; a float16 all-reduce elsewhere) and is cast back.
+    - `topk`: error feedback adds the residual of earlier steps, the k = ratio x P
+      largest magnitudes are kept (int32 indices, float16 values), the rest stays in
+      the residual; indices and values are all-gathered and summed in rank order.
+    - `int8`: error feedback, then stochastic rounding to int8 with one float32
+      scale per chunk of 4096 values; codes and scales are all-gathered and the
+      dequantized contributions summed in rank order. The rounding noise is
+      seeded per (seed, rank, step), so runs are repeatable.
+    - `powersgd`: rank-r PowerSGD with error feedback (Vogels et al., 2019). Each
+      weight matrix M (n x m, after adding its residual) is sent as two all-reduced
+      factors: P = M Q (n x r), orthogonalized identically on every rank, then
+      Q = M^T P (m x r); the step uses P Q^T. Q is kept from step to step (warm
+      start) and starts from a seeded normal draw shared by every rank. Biases,
+      other vectors and matrices too small to gain (r (n + m) >= n m) go
+      uncompressed in the first all-reduce. Each rank keeps M - P Q_rank^T as its
+      residual, where Q_rank is its own contribution to Q, so the residuals and
+      what was sent add up to the uncompressed sum exactly.
+
+    `payload_bytes` is what one rank contributes per step (the message size S);
+    `wire_bytes` estimates what it sends: 2(N-1)/N x S for a ring all-reduce,
+    (N-1) x S for an all-gather. All-gather schemes (topk, int8) therefore send
+    more per rank as workers are added; all-reduce schemes (none, fp16, powersgd)
+    send less than 2 S at any N.
+    """
     num_params = sum(math.prod(s) for s in shapes)
     if name == "powersgd":
         return PowerSGDCompressor(coll, shapes, powersgd_rank, seed)

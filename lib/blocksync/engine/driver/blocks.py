@@ -5,19 +5,9 @@ columns `features` (array<float>) and `label` (double), and where asked `ids`
 (typed inputs' id columns, array<long>), `weight` (per-row weights) and `_val`
 (held-out validation rows, placed after each block's training rows).
 Assignment is a pure function of each row's content and the seed, so it does
-not depend on how the input happened to be partitioned:
+not depend on how the input happened to be partitioned.
 
-1. `key = xxhash64(seed, features, ids, label)` (`ids` only with typed inputs); rows are spread over `B`
-   hash buckets.
-2. Per bucket, rows are numbered in key order (a window per bucket, so no single
-   partition holds all data); bucket sizes are collected to the driver (B numbers).
-3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin
-   over a seeded permutation, so block sizes differ by at most one.
-4. Each block id is mapped to a partitioning key whose Murmur3 hash lands in the
-   partition of the same index (found once on the driver with Spark's own
-   `hash`), then `repartition(N, key)` puts block i in partition i exactly.
-
-Only DataFrame operations are used, so this also runs on Spark Connect.
+The assignment, step by step: `make_blocks`.
 """
 
 from __future__ import annotations
@@ -222,6 +212,18 @@ def make_blocks(
     `validation_fraction`), held-out rows are balanced over the blocks on their
     own and placed after each block's training rows. `weight` names a numeric column of per-row
     weights, carried as the blocks' `weight` column and checked here (finite, >= 0).
+
+    1. `key = xxhash64(seed, features, ids, label)` (`ids` only with typed inputs); rows are spread over `B`
+       hash buckets.
+    2. Per bucket, rows are numbered in key order (a window per bucket, so no single
+       partition holds all data); bucket sizes are collected to the driver (B numbers).
+    3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin
+       over a seeded permutation, so block sizes differ by at most one.
+    4. Each block id is mapped to a partitioning key whose Murmur3 hash lands in the
+       partition of the same index (found once on the driver with Spark's own
+       `hash`), then `repartition(N, key)` puts block i in partition i exactly.
+
+    Only DataFrame operations are used, so this also runs on Spark Connect.
     """
     data = _block_columns(df, features, label, validation_col, weight, inputs)
     content = [F.col(c.name) for c in data.schema.fields if c.name in (FEATURES, IDS, LABEL)]

@@ -1,28 +1,7 @@
 """Driver side: validate, cut blocks, run the one barrier stage, reassemble the result.
 
-Protocol, from the driver's point of view:
-
-1. Validate the config and the cluster: `num_workers` must fit in the task
-   slots the cluster has *now* (Spark would otherwise wait minutes and then
-   fail a barrier stage), the feature and label columns must exist and be
-   numeric, the data must hold at least one row per worker.
-2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded; or,
-   with `train_files`, or `train` given a plain Parquet scan under blocks=auto
-   (`scan.parquet_scan_files`), `shards.plan_shards`: a balanced row range of
-   the Parquet files per rank, which each worker reads itself (no shuffle).
-3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
-   the same for every worker (see `worker` for the per-step protocol); and
-   where blocks are kept (`storage`: memory or the executors' local disk),
-   refusing a block that cannot fit before any worker starts.
-4. One barrier stage: `blocks.mapInArrow(worker, schema, barrier=True)`. Never
-   one Spark job per step: Spark scheduling costs far more than a step.
-5. Collect: rank 0's state_dict chunks are joined in order and loaded with
-   safetensors; every rank's timing summary becomes the run's metrics.
-6. A failed stage becomes a `TrainingError` carrying the root cause: the
-   failing rank's own error, a stall or a dead Python worker as the run
-   monitor saw it; never a bare Py4JJavaError. Spark does not retry a failed
-   barrier stage, so the driver relaunches it up to `max_restarts` times, each
-   time resuming from the newest checkpoint; user errors are not retried.
+The driver's side of the protocol, step by step, is `train_blocks`'s docstring; what every rank does
+in the barrier stage is `engine.worker.worker.make_worker`'s.
 """
 
 from __future__ import annotations
@@ -303,6 +282,30 @@ def train_blocks(
     `train` calls this after `make_blocks`; callers with their own partitioning
     (tests of unequal blocks, for one) may call it directly. With `shards`
     (from `train_files`), each task reads its block from files instead.
+
+    Protocol, from the driver's point of view:
+
+    1. Validate the config and the cluster: `num_workers` must fit in the task
+       slots the cluster has *now* (Spark would otherwise wait minutes and then
+       fail a barrier stage), the feature and label columns must exist and be
+       numeric, the data must hold at least one row per worker.
+    2. `blocks.make_blocks`: exactly `num_workers` balanced partitions, seeded; or,
+       with `train_files`, or `train` given a plain Parquet scan under blocks=auto
+       (`scan.parquet_scan_files`), `shards.plan_shards`: a balanced row range of
+       the Parquet files per rank, which each worker reads itself (no shuffle).
+    3. Fix the schedule before launch: steps per epoch = ceil(rows / batch_size),
+       the same for every worker (see `worker` for the per-step protocol); and
+       where blocks are kept (`storage`: memory or the executors' local disk),
+       refusing a block that cannot fit before any worker starts.
+    4. One barrier stage: `blocks.mapInArrow(worker, schema, barrier=True)`. Never
+       one Spark job per step: Spark scheduling costs far more than a step.
+    5. Collect: rank 0's state_dict chunks are joined in order and loaded with
+       safetensors; every rank's timing summary becomes the run's metrics.
+    6. A failed stage becomes a `TrainingError` carrying the root cause: the
+       failing rank's own error, a stall or a dead Python worker as the run
+       monitor saw it; never a bare Py4JJavaError. Spark does not retry a failed
+       barrier stage, so the driver relaunches it up to `max_restarts` times, each
+       time resuming from the newest checkpoint; user errors are not retried.
     """
     num_partitions = blocks.rdd.getNumPartitions() if not is_connect(spark) else None
     if num_partitions is not None and num_partitions != config.num_workers:

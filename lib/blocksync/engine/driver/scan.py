@@ -6,15 +6,6 @@ Parquet files, optionally narrowed to some of their columns (what
 `spark.read.parquet(path)` and `.select("features", "label")` give), the same
 rows can be read straight from the files by the workers, as `train_files`
 does, with no shuffle at all.
-
-`parquet_scan_files` answers from the optimized logical plan: a chain of
-Projects that only pick columns, over a relation whose format is Parquet,
-with no filter, join, sample or computed column anywhere, and with the
-training columns stored in the files themselves (not partition directories),
-and files that pyarrow opens from the driver under the same URI (`file:`,
-`s3:`, `gs:`, `hdfs:` with libhdfs; not Hadoop's own `s3a:`). Anything else,
-including a Spark Connect DataFrame, whose plan the client cannot inspect,
-gets None: it is cut by Spark.
 """
 
 from __future__ import annotations
@@ -27,7 +18,17 @@ from pyspark.sql import DataFrame
 
 
 def parquet_scan_files(df: DataFrame, columns: list[str]) -> list[str] | None:
-    """The Parquet files `df` reads, when it is a plain scan of them holding `columns`; else None."""
+    """The Parquet files `df` reads, when it is a plain scan of them holding `columns`; else None.
+
+    `parquet_scan_files` answers from the optimized logical plan: a chain of
+    Projects that only pick columns, over a relation whose format is Parquet,
+    with no filter, join, sample or computed column anywhere, and with the
+    training columns stored in the files themselves (not partition directories),
+    and files that pyarrow opens from the driver under the same URI (`file:`,
+    `s3:`, `gs:`, `hdfs:` with libhdfs; not Hadoop's own `s3a:`). Anything else,
+    including a Spark Connect DataFrame, whose plan the client cannot inspect,
+    gets None: it is cut by Spark.
+    """
     jdf = getattr(df, "_jdf", None)
     if jdf is None:  # Spark Connect
         return None

@@ -3,27 +3,9 @@
 `make_blocks` cuts balanced, content-hashed blocks with two Spark shuffles of
 the whole data set. When the data already sits in Parquet files, a worker can
 instead read its block itself, as Horovod's and TorchDistributor's users do
-with per-rank shards, and the shuffles disappear:
+with per-rank shards, and the shuffles disappear.
 
-1. Driver (`plan_shards`): list the files with pyarrow (any pyarrow filesystem:
-   local, HDFS, S3, GCS), read only their footers, and lay all row groups end to
-   end in path order. Rank r gets the global row range
-   [sum(sizes[:r]), sum(sizes[:r+1])), sizes differing by at most one row: the
-   same balance `make_blocks` guarantees. Label min and max come from the row
-   group statistics (a one-column Spark aggregate when a file has none).
-2. Worker (`iter_pieces`): read the row groups overlapping its range one at a
-   time (only the feature and label columns, and the weight column when one is
-   named), slice each to the range and hand it on as float32 features and
-   float64 labels (label and weight pairs with weights), into the block in
-   memory or on disk (`block_store`). The per-epoch shuffle of the worker loop then visits
-   the block in random order.
-
-Unlike `make_blocks`, a block is a contiguous run of the files, not a hash
-spread. With gradient sync every step's global batch is still drawn from all
-blocks; with `sync: parameters` (local SGD) data sorted by label would give
-skewed blocks, so shuffle such data first or use blocks=shuffle. ML vector
-columns (a Parquet struct) are not read here; store features as an array or
-numeric columns.
+How the row ranges are planned and read: `plan_shards`.
 """
 
 from __future__ import annotations
@@ -132,7 +114,28 @@ def plan_shards(
     """Assign every row of the Parquet files at `paths` to one of `num_workers` balanced, contiguous blocks.
 
     `weight`: a numeric column of per-row weights, read with the rows (each worker checks its own
-    are finite and >= 0)."""
+    are finite and >= 0).
+
+    1. Driver (`plan_shards`): list the files with pyarrow (any pyarrow filesystem:
+       local, HDFS, S3, GCS), read only their footers, and lay all row groups end to
+       end in path order. Rank r gets the global row range
+       [sum(sizes[:r]), sum(sizes[:r+1])), sizes differing by at most one row: the
+       same balance `make_blocks` guarantees. Label min and max come from the row
+       group statistics (a one-column Spark aggregate when a file has none).
+    2. Worker (`iter_pieces`): read the row groups overlapping its range one at a
+       time (only the feature and label columns, and the weight column when one is
+       named), slice each to the range and hand it on as float32 features and
+       float64 labels (label and weight pairs with weights), into the block in
+       memory or on disk (`block_store`). The per-epoch shuffle of the worker loop then visits
+       the block in random order.
+
+    Unlike `make_blocks`, a block is a contiguous run of the files, not a hash
+    spread. With gradient sync every step's global batch is still drawn from all
+    blocks; with `sync: parameters` (local SGD) data sorted by label would give
+    skewed blocks, so shuffle such data first or use blocks=shuffle. ML vector
+    columns (a Parquet struct) are not read here; store features as an array or
+    numeric columns.
+    """
     check_label_not_a_feature(features, label)
     dataset = _dataset(paths)
     columns = _feature_columns(dataset.schema, features)

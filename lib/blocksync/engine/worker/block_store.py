@@ -6,28 +6,9 @@ filled in place as the input arrives (the driver knows the block's row count),
 so loading holds at most one incoming batch beyond the block itself. On a GPU
 the whole block is moved to the device once.
 
-`disk`: the block is written once, as it arrives (Arrow batches from the
-shuffle, or row groups with blocks=files), to two unnamed files (three with an id matrix) in a
-Spark local directory of the executor (`SPARK_LOCAL_DIRS`, which Spark sets for its Python
-workers, so the disks users configured apply). The files are created with
-O_TMPFILE: they have no name, so nothing is left in the directory whatever
-happens to the process, a kill included, and the kernel frees them when the
-worker's last descriptor closes. While writing, the worker holds one incoming
-batch. Each step copies its local batch's rows out in the epoch order, exactly the
-rows and the order `memory` uses, so results are bitwise equal. It reads them
-in file order through read-only mappings of at most `train.memory_budget_mb`,
-one at a time, each unmapped at once: resident memory (and address space, which
-Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
-model, optimizer state and the batch, whatever the block's size; the data stays
-in the page cache between steps, as far as the worker's memory allows: the windows are read with
-MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
-readahead window of pages no step uses. The rows that fit in the budget less one window are mapped
-once for the whole run instead (`DiskBlock`; all of them for a block within the budget), populated at
-once, so a step reads them from mapped pages, as fast as `memory` (the throughput benchmark measures
-both). Only the current batch goes to a GPU.
-
-In `memory` mode a worker first checks its block against its cgroup's memory limit (`check_block_fits`):
-a container's limit kills a process without a Python error, so the worker refuses beforehand, naming both.
+`disk`: unnamed files on the executor's local disk, read through bounded mappings (`DiskBlockWriter`,
+`DiskBlock`, whose docstring has the details). In `memory` mode a worker first checks its block against
+its cgroup's memory limit (`check_block_fits`).
 """
 
 from __future__ import annotations
@@ -115,7 +96,8 @@ def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
 
 def check_block_fits(rows: int, num_features: int) -> None:
     """A MemoryError naming the block and the cgroup limit when the block cannot fit beside what this
-    process's cgroup already holds (page cache aside: the kernel reclaims it)."""
+    process's cgroup already holds (page cache aside: the kernel reclaims it). A container's limit kills a
+    process without a Python error, so in `memory` mode the worker refuses beforehand, naming both."""
     memory = cgroup_memory()
     if memory is not None and rows * row_bytes(num_features) > memory[0] - memory[1]:
         limit, in_use = memory
@@ -202,7 +184,28 @@ class DiskBlock:
     a memory block's rows do. The rows beyond are read through windows of that streaming size, mapped one
     at a time and unmapped at once. A block within the budget is kept whole; a much larger one is mostly
     streamed. Neither resident memory nor address space grows with the
-    block (Spark's spark.executor.pyspark.memory limits a Python worker's address space)."""
+    block (Spark's spark.executor.pyspark.memory limits a Python worker's address space).
+
+    `disk`: the block is written once, as it arrives (Arrow batches from the
+    shuffle, or row groups with blocks=files), to two unnamed files (three with an id matrix) in a
+    Spark local directory of the executor (`SPARK_LOCAL_DIRS`, which Spark sets for its Python
+    workers, so the disks users configured apply). The files are created with
+    O_TMPFILE: they have no name, so nothing is left in the directory whatever
+    happens to the process, a kill included, and the kernel frees them when the
+    worker's last descriptor closes. While writing, the worker holds one incoming
+    batch. Each step copies its local batch's rows out in the epoch order, exactly the
+    rows and the order `memory` uses, so results are bitwise equal. It reads them
+    in file order through read-only mappings of at most `train.memory_budget_mb`,
+    one at a time, each unmapped at once: resident memory (and address space, which
+    Spark's `spark.executor.pyspark.memory` limits) stays within the budget plus
+    model, optimizer state and the batch, whatever the block's size; the data stays
+    in the page cache between steps, as far as the worker's memory allows: the windows are read with
+    MADV_RANDOM, so where a container's limit evicts the block's cache each fault reads one page, not a
+    readahead window of pages no step uses. The rows that fit in the budget less one window are mapped
+    once for the whole run instead (`DiskBlock`; all of them for a block within the budget), populated at
+    once, so a step reads them from mapped pages, as fast as `memory` (the throughput benchmark measures
+    both). Only the current batch goes to a GPU.
+    """
 
     def __init__(self, files: list[IO[bytes]], rows: int, num_features: int, budget_bytes: int,
                  device: torch.device, target_columns: int = 1, id_width: int = 0) -> None:

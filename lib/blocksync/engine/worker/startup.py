@@ -1,21 +1,7 @@
 """Where the time before the first step goes, per rank, measured with wall clocks.
 
 The driver stamps each attempt's plan with `launched_at` (time.time() as it
-submits the barrier job); each rank stamps the rest:
-
-- `spawn_s`: submission to the start of this Python worker process (Spark's
-  scheduling, any stages the blocks still depend on, the fork of the worker);
-  0 when Spark reused a worker that already existed.
-- `imports_s`: from then to the task function's first line (unpickling the
-  closure imports blocksync and torch; near 0 in a reused worker).
-- `load_s`: receiving and storing the block.
-- `rendezvous_s`: agreeing on the blocks and starting the collective backend.
-- `init_s`: building the model, broadcasting rank 0's parameters, the optimizer.
-- `first_step_s`: the first training step of this attempt.
-- `launch_to_first_step_s`: submission to the end of the first step.
-
-Across hosts the phases that compare a driver stamp with a worker stamp
-(`spawn_s`, `launch_to_first_step_s`) assume synchronized clocks (NTP).
+submits the barrier job); each rank stamps the rest (`StartupClock` lists the phases).
 """
 
 from __future__ import annotations
@@ -40,7 +26,22 @@ def process_started_at() -> float:
 
 
 class StartupClock:
-    """The stamps of one rank's start-up; `phases()` turns them into seconds."""
+    """The stamps of one rank's start-up; `phases()` turns them into seconds.
+
+    - `spawn_s`: submission to the start of this Python worker process (Spark's
+      scheduling, any stages the blocks still depend on, the fork of the worker);
+      0 when Spark reused a worker that already existed.
+    - `imports_s`: from then to the task function's first line (unpickling the
+      closure imports blocksync and torch; near 0 in a reused worker).
+    - `load_s`: receiving and storing the block.
+    - `rendezvous_s`: agreeing on the blocks and starting the collective backend.
+    - `init_s`: building the model, broadcasting rank 0's parameters, the optimizer.
+    - `first_step_s`: the first training step of this attempt.
+    - `launch_to_first_step_s`: submission to the end of the first step.
+
+    Across hosts the phases that compare a driver stamp with a worker stamp
+    (`spawn_s`, `launch_to_first_step_s`) assume synchronized clocks (NTP).
+    """
 
     def __init__(self, launched_at: float, entered_at: float) -> None:
         self.launched_at = launched_at or entered_at

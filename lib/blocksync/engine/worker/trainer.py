@@ -1,31 +1,8 @@
 """One rank's block-synchronous training loop (worker side).
 
-`Trainer` holds the replica (model, optimizer, schedule, compressor) and the
-rank's block, and runs the loop one named piece at a time:
-
-- `step()`: take this step's slice of the epoch's seeded permutation, compute
-  the *summed* loss and its gradients (`compute`), exchange them (`sync`),
-  take the optimizer step, and record the step's phase timings.
-- `sync()`: `gradients` mode divides the local gradient sum by the step's
-  global batch size (known to every rank before the step: the driver fixed the
-  steps per epoch and every rank knows every block size) and exchanges the
-  flat buffer, so every rank receives the global batch's mean gradient and
-  takes the identical step. `parameters` mode steps on the local mean gradient
-  and every `sync_every` steps sets the sample-weighted mean of the replicas'
-  parameters (local SGD).
-- `end_epoch()`: one small all-reduce makes the epoch's loss and accuracy
-  global; the result goes into the history. With validation rows, a second one
-  sums every rank's loss and correct count on its held-out rows (eval mode, no
-  gradients) into `val_loss` and `val_accuracy`. Early stopping compares that
-  all-reduced loss, identical on every rank, so every rank stops after the same
-  epoch; the weights of the best epoch are kept (and travel in checkpoints) and
-  become the result.
-- `snapshot()`: every rank writes its part of a checkpoint at the same step.
-
-Divergence: the exchanged gradient (or the averaged parameters, or the epoch's
-global loss) is identical on every rank, so every rank sees the same NaN or
-inf at the same step and raises the same `TrainingDiverged`: nobody is left
-waiting in a collective.
+`Trainer` holds the replica (model, optimizer, schedule, compressor) and the rank's block; its docstring
+says what each piece of the loop does. The protocol every rank follows around it, start-up to results,
+is `engine.worker.worker.make_worker`'s docstring.
 """
 
 from __future__ import annotations
@@ -91,6 +68,33 @@ def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 class Trainer:
+    """`Trainer` holds the replica (model, optimizer, schedule, compressor) and the
+    rank's block, and runs the loop one named piece at a time:
+
+    - `step()`: take this step's slice of the epoch's seeded permutation, compute
+      the *summed* loss and its gradients (`compute`), exchange them (`sync`),
+      take the optimizer step, and record the step's phase timings.
+    - `sync()`: `gradients` mode divides the local gradient sum by the step's
+      global batch size (known to every rank before the step: the driver fixed the
+      steps per epoch and every rank knows every block size) and exchanges the
+      flat buffer, so every rank receives the global batch's mean gradient and
+      takes the identical step. `parameters` mode steps on the local mean gradient
+      and every `sync_every` steps sets the sample-weighted mean of the replicas'
+      parameters (local SGD).
+    - `end_epoch()`: one small all-reduce makes the epoch's loss and accuracy
+      global; the result goes into the history. With validation rows, a second one
+      sums every rank's loss and correct count on its held-out rows (eval mode, no
+      gradients) into `val_loss` and `val_accuracy`. Early stopping compares that
+      all-reduced loss, identical on every rank, so every rank stops after the same
+      epoch; the weights of the best epoch are kept (and travel in checkpoints) and
+      become the result.
+    - `snapshot()`: every rank writes its part of a checkpoint at the same step.
+
+    Divergence: the exchanged gradient (or the averaged parameters, or the epoch's
+    global loss) is identical on every rank, so every rank sees the same NaN or
+    inf at the same step and raises the same `TrainingDiverged`: nobody is left
+    waiting in a collective.
+    """
     def __init__(self, plan: WorkerPlan, coll: Collective, block: Block, block_rows: list[int],
                  device: torch.device, beat: Heartbeat,
                  validation: tuple[torch.Tensor, ...] | None = None) -> None:

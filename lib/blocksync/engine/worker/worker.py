@@ -1,49 +1,8 @@
 """Worker side: the function each barrier task runs (one per block, one rank each).
 
-Synchronization protocol, step by step (every rank runs the same sequence, so
-the collectives always match and unequal blocks cannot deadlock):
-
-1. Load: the task's Arrow batches (or, with blocks=files, its row range of the
-   Parquet files: `shards.iter_pieces`) are checked and stored as they arrive,
-   no per-row Python: in memory, or on the executor's local disk
-   (`block_store`, train.block_storage), kept for all epochs.
-2. Agree: `allGather` of (rows, errors, rank 0's rendezvous port). If any rank
-   found a problem, every rank raises the same error, so none is left waiting.
-   The step count per epoch was fixed by the driver from the global row count,
-   and every rank now knows every block size, hence each step's global batch.
-3. Start the collective backend (`collectives.start_collective`).
-4. Rank 0's initial parameters are broadcast; every replica starts identical.
-5. `trainer.Trainer` runs the loop. Each step: the worker takes its slice of a seeded per-epoch permutation
-   (slices proportional to block size), computes the *summed* loss and its
-   gradients, divides them by the step's global batch size and exchanges the
-   flat buffer (one collective per step, optionally compressed, see
-   `compression`). The sum is the mean gradient of the global batch (the union
-   of the local batches) on every rank; every replica then takes the identical
-   optimizer step. Epoch loss and accuracy are summed once per epoch.
-   In `sync: parameters` mode, the worker steps on its own mean gradient and
-   every `sync_every` steps (and at the end) all-reduces
-   [parameters x samples since the last sync, samples] and sets the
-   sample-weighted average (local SGD / federated averaging).
-6. Every `check_every` steps and at the end: an all-gather of every rank's full
-   SHA-1 of its parameter bytes; a rank whose digest differs from rank 0's
-   raises `ReplicaDivergence` naming it. A NaN or infinite synchronized
-   gradient (or epoch loss) stops every rank at the same step with
-   `TrainingDiverged`.
-7. Checkpoints (with `checkpoint.dir`): every `every_steps` steps all ranks
-   take part in `checkpoint.write` at the same step (each writes its own
-   state; rank 0 the model, optimizer and manifest). A relaunch passes
-   `resume_from`, and every rank restores it and skips the steps already done.
-8. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
-   chunks; every rank emits its timing summary. The collective is closed in
-   `finally`.
-9. Failures: the task raises one line, `[blocksync rank R kind=K] Type: message`,
-   where K is `input` (bad data or settings: a ValueError, never retried, exit 2)
-   or `runtime`; the heartbeat carries the same kind to the driver's monitor.
-
-Throughout, a heartbeat thread tells the driver each rank's step and phase
-(`progress.Heartbeat`), which is how stalls and dead workers are named.
-
-The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
+The synchronization protocol, written once for the whole engine, is `make_worker`'s docstring: every rank
+runs the same sequence of collectives, so they always match and unequal blocks cannot deadlock.
+`engine.driver.launcher` (the driver's side) and `trainer` (the loop) point to it.
 """
 
 from __future__ import annotations
@@ -373,7 +332,53 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
 
 
 def make_worker(plan: WorkerPlan):
-    """The function handed to `mapInArrow(..., barrier=True)`; pickles `plan` only."""
+    """The function handed to `mapInArrow(..., barrier=True)`; pickles `plan` only.
+
+    Synchronization protocol, step by step (every rank runs the same sequence, so
+    the collectives always match and unequal blocks cannot deadlock):
+
+    1. Load: the task's Arrow batches (or, with blocks=files, its row range of the
+       Parquet files: `shard_reader.iter_pieces`) are checked and stored as they arrive,
+       no per-row Python: in memory, or on the executor's local disk
+       (`block_store`, train.block_storage), kept for all epochs.
+    2. Agree: `allGather` of (rows, errors, rank 0's rendezvous port). If any rank
+       found a problem, every rank raises the same error, so none is left waiting.
+       The step count per epoch was fixed by the driver from the global row count,
+       and every rank now knows every block size, hence each step's global batch.
+    3. Start the collective backend (`collectives.start_collective`).
+    4. Rank 0's initial parameters are broadcast; every replica starts identical.
+    5. `trainer.Trainer` runs the loop. Each step: the worker takes its slice of a seeded per-epoch permutation
+       (slices proportional to block size), computes the *summed* loss and its
+       gradients, divides them by the step's global batch size and exchanges the
+       flat buffer (one collective per step, optionally compressed, see
+       `compression`). The sum is the mean gradient of the global batch (the union
+       of the local batches) on every rank; every replica then takes the identical
+       optimizer step. Epoch loss and accuracy are summed once per epoch.
+       In `sync: parameters` mode, the worker steps on its own mean gradient and
+       every `sync_every` steps (and at the end) all-reduces
+       [parameters x samples since the last sync, samples] and sets the
+       sample-weighted average (local SGD / federated averaging).
+    6. Every `check_every` steps and at the end: an all-gather of every rank's full
+       SHA-1 of its parameter bytes; a rank whose digest differs from rank 0's
+       raises `ReplicaDivergence` naming it. A NaN or infinite synchronized
+       gradient (or epoch loss) stops every rank at the same step with
+       `TrainingDiverged`.
+    7. Checkpoints (with `checkpoint.dir`): every `every_steps` steps all ranks
+       take part in `checkpoint.write` at the same step (each writes its own
+       state; rank 0 the model, optimizer and manifest). A relaunch passes
+       `resume_from`, and every rank restores it and skips the steps already done.
+    8. Results: rank 0 emits the final state_dict (safetensors bytes) in 4 MiB
+       chunks; every rank emits its timing summary. The collective is closed in
+       `finally`.
+    9. Failures: the task raises one line, `[blocksync rank R kind=K] Type: message`,
+       where K is `input` (bad data or settings: a ValueError, never retried, exit 2)
+       or `runtime`; the heartbeat carries the same kind to the driver's monitor.
+
+    Throughout, a heartbeat thread tells the driver each rank's step and phase
+    (`progress.Heartbeat`), which is how stalls and dead workers are named.
+
+    The closure pickles only `WorkerPlan` (plain data): no SparkSession, no `self`.
+    """
 
     def worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
