@@ -1,27 +1,30 @@
 # blocksync image: the same scripts/setup_env.sh as `make setup`, so the two cannot drift.
 #
-#   docker build -t blocksync .                                   # CPU
-#   docker build -t blocksync:cuda --build-arg BASE=cuda .        # CUDA, Horovod with NCCL
+#   docker build -t blocksync .                                                     # CPU
+#   docker build -t blocksync:cuda --build-arg BLOCKSYNC_CUDA=1 \
+#     --build-arg BUILD_IMAGE=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04 \
+#     --build-arg RUNTIME_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 .      # CUDA, Horovod with NCCL
+#   podman build --build-arg CPU_IMAGE=localhost/blocksync-base:bookworm -t blocksync .
+#       where no registry is reachable: scripts/debian_base_image.sh builds that base from Debian's packages
 #
-# Stage 1 (builder) creates /opt/venv with every pinned package and builds the
-# patched Horovod 0.28.1 wheel; stage 2 (runtime) is slim: Java 17, the venv,
-# the project, and a non-root user.
-ARG BASE=cpu
+# Stage 1 (builder) creates /opt/venv with every pinned package and builds the patched Horovod 0.28.1
+# wheel; stage 2 (runtime) is slim: Java 17, the venv, the project, and a non-root user. One path for
+# CPU and CUDA, chosen by image arguments only (no stage named by a variable: buildah, podman's builder,
+# does not resolve `FROM stage-${VAR}`).
 ARG CPU_IMAGE=python:3.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04
-ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+ARG BUILD_IMAGE=${CPU_IMAGE}
+ARG RUNTIME_IMAGE=${CPU_IMAGE}
 
-FROM ${CPU_IMAGE} AS base-cpu
-ENV BLOCKSYNC_CUDA=0
-FROM ${CUDA_IMAGE} AS base-cuda
-# On CUDA, Horovod is built with NCCL (scripts/setup_env.sh sets HOROVOD_GPU_OPERATIONS=NCCL).
-ENV BLOCKSYNC_CUDA=1
-RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
-    && rm -rf /var/lib/apt/lists/*
-
-FROM base-${BASE} AS builder
-RUN apt-get update && apt-get install -y --no-install-recommends \
-        g++ make cmake openjdk-17-jre-headless git \
+FROM ${BUILD_IMAGE} AS builder
+# 1: Horovod is built with NCCL (scripts/setup_env.sh sets HOROVOD_GPU_OPERATIONS=NCCL).
+ARG BLOCKSYNC_CUDA=0
+# Where pip finds wheels beyond the index (a folder mounted into the build, e.g. a local torch CPU wheel):
+# build args reach RUN steps as environment variables, and pip reads PIP_FIND_LINKS.
+ARG PIP_FIND_LINKS
+# python3.11 is in the CPU base images; the CUDA (Ubuntu) images need it installed.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ make cmake openjdk-17-jre-headless git \
+    && (command -v python3.11 >/dev/null || apt-get install -y --no-install-recommends \
+        python3.11 python3.11-venv python3.11-dev) \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY requirements.lock pyproject.toml README.md ./
@@ -31,12 +34,9 @@ COPY lib/ lib/
 # copied into this stage; the image's local sessions start without it.
 RUN VENV=/opt/venv PYTHON=python3.11 BLOCKSYNC_WHEEL_CACHE=/opt/wheels BLOCKSYNC_JVM_ARCHIVE=0 bash scripts/setup_env.sh
 
-FROM ${CPU_IMAGE} AS runtime-cpu
-FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
-RUN apt-get update && apt-get install -y --no-install-recommends python3.11 && rm -rf /var/lib/apt/lists/*
-
-FROM runtime-${BASE} AS runtime
+FROM ${RUNTIME_IMAGE} AS runtime
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && (command -v python3.11 >/dev/null || apt-get install -y --no-install-recommends python3.11) \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 blocksync
 COPY --from=builder /opt/venv /opt/venv

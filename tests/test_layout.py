@@ -138,3 +138,21 @@ def test_engine_module_docstrings_stay_short(name):
     doc = ast.get_docstring(ast.parse(_modules()[name].read_text())) or ""
     assert doc, f"{name} has no module docstring"
     assert len(doc.splitlines()) <= MAX_DOCSTRING_LINES, f"{name}: {len(doc.splitlines())} docstring lines"
+
+
+PUBLIC = {
+    "blocksync": ["BlockInfo", "CollectiveError", "Input", "InputSpec", "ModelSpec", "SavedModel", "TrainConfig",
+                  "TrainResult", "TrainingError", "load_model", "make_blocks", "train", "train_blocks", "train_files"],
+    "blocksync.ml": ["BlockSyncClassificationModel", "BlockSyncClassifier", "BlockSyncRegressionModel",
+                     "BlockSyncRegressor"],
+}
+
+
+@pytest.mark.parametrize("package", sorted(PUBLIC))
+def test_the_public_api_keeps_its_names_through_the_engine_s_moves(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == PUBLIC[package]
+    missing = [name for name in PUBLIC[package] if getattr(module, name, None) is None]
+    assert missing == []
