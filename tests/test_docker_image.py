@@ -117,12 +117,16 @@ def test_image_builds_and_runs_the_demo(tmp_path):
         pytest.skip(f"{engine} cannot start a container here: {_first_line(probe)}")
     ctx = _clean_context(tmp_path)
     mounts = _podman_build_mounts() if Path(engine).name == "podman" else []
-    build = _run([engine, "build", *mounts, "--build-arg", f"CPU_IMAGE={base}", "-t", TAG, str(ctx)],
-                 timeout=5000)
-    assert build.returncode == 0, f"{engine} build failed:\n{(build.stdout + build.stderr)[-6000:]}"
-
-    # The image's CMD is the demo: `blocksync run --config conf/local.yaml --overwrite --quiet`.
-    demo = _run([engine, "run", "--rm", TAG], timeout=1500)
+    try:
+        build = _run([engine, "build", *mounts, "--build-arg", f"CPU_IMAGE={base}", "-t", TAG, str(ctx)],
+                     timeout=5000)
+        assert build.returncode == 0, f"{engine} build failed:\n{(build.stdout + build.stderr)[-6000:]}"
+        # The image's CMD is the demo: `blocksync run --config conf/local.yaml --overwrite --quiet`.
+        demo = _run([engine, "run", "--rm", TAG], timeout=1500)
+    finally:
+        # Each build leaves a 3 GB image and an untagged builder stage; keep the base and the layer cache.
+        _run([engine, "rmi", "-f", TAG], timeout=300)
+        _run([engine, "image", "prune", "-f"], timeout=300)
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, f"the demo failed in the container:\n{out[-6000:]}"
     found = re.search(r"^test accuracy (\d\.\d{4}), F1 (\d\.\d{4}), log loss (\d+\.\d{4})$", out, re.M)
