@@ -67,29 +67,20 @@ def measured_wire(spark, backend: str, workers: int) -> dict:
     def task(batches):
         import pyarrow as pa
         import torch
-        from pyspark import BarrierTaskContext
 
+        from benchmarks.common import task_collective, written_bytes
         from blocksync import ModelSpec, TrainConfig
-        from blocksync.engine.comm.collectives import start_collective
         from blocksync.engine.comm.sharding import ShardedOptimizer
         from blocksync.engine.models import build_model
 
-        def written() -> int:
-            with open("/proc/self/io") as io:
-                return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
-
-        for _ in batches:
-            pass
-        ctx = BarrierTaskContext.get()
-        torch.set_num_threads(1)
-        coll = start_collective(backend, ctx, timeout_seconds=300, interface=None)
+        coll = task_collective(batches, backend)
         torch.manual_seed(0)
         model = build_model(ModelSpec(name="mlp", hidden=hidden), FEATURES, 2)
         grads = [torch.randn_like(p) for p in model.parameters()]
         sharded = ShardedOptimizer(model, TrainConfig(backend=backend, shard="optimizer"), coll)
         out = {"rank": coll.rank}
         for mode in ("replicated", "sharded", "replicated", "sharded"):  # the first of each warms Horovod up
-            before = written()
+            before = written_bytes()
             for _ in range(EXCHANGES):
                 if mode == "replicated":
                     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -98,7 +89,7 @@ def measured_wire(spark, backend: str, workers: int) -> dict:
                 else:
                     formula = sharded.exchange(grads, 1.0, torch.device("cpu"))[1]
                     sharded.step()
-            out[mode] = {"measured": (written() - before) / EXCHANGES, "formula": formula}
+            out[mode] = {"measured": (written_bytes() - before) / EXCHANGES, "formula": formula}
         coll.close()
         yield pa.RecordBatch.from_pydict({"out": [json.dumps(out)]})
 

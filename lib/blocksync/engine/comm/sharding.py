@@ -61,13 +61,20 @@ class ShardedOptimizer:
         self.coll = coll
         self.layout = Layout(sum(p.numel() for p in model.parameters()), coll.size)
         self.index = coll.shard_index
+        first = next(model.parameters())
+        self.param = torch.nn.Parameter(torch.zeros(self.layout.chunk, dtype=first.dtype, device=first.device))
+        self.take_params(model)
+        self.grad = self.param.grad = torch.zeros_like(self.param)
+        self.optimizer = build_optimizer([self.param], cfg)
+
+    def take_params(self, model: torch.nn.Module) -> None:
+        """Copy this rank's slice of the model's parameters into the master copy (at the start, and after a
+        checkpoint replaced the model's parameters)."""
         lo, hi = self.layout.bounds(self.index)
         flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-        piece = torch.zeros(self.layout.chunk, dtype=flat.dtype, device=flat.device)
-        piece[:hi - lo] = flat[lo:hi]
-        self.param = torch.nn.Parameter(piece)
-        self.grad = self.param.grad = torch.zeros_like(piece)
-        self.optimizer = build_optimizer([self.param], cfg)
+        with torch.no_grad():
+            self.param.zero_()
+            self.param[:hi - lo] = flat[lo:hi]
 
     def exchange(self, grads: list[torch.Tensor], total: float, coll_device: torch.device) -> tuple[float, float]:
         """Reduce-scatter every rank's contribution (its gradients / the global batch `total`) into this slice's

@@ -10,16 +10,21 @@ from __future__ import annotations
 import threading
 
 
-def rss_anon_mb() -> float | None:
-    """RssAnon of this process in MiB, as /proc counts it; None where there is no /proc."""
+def status_mb(field: str) -> float | None:
+    """A kB field of /proc/self/status (RssAnon, VmHWM, ...) in MiB; None where there is no /proc."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("RssAnon:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
+
+
+def rss_anon_mb() -> float | None:
+    """RssAnon of this process in MiB, as /proc counts it."""
+    return status_mb("RssAnon")
 
 
 class AnonPeak:

@@ -144,6 +144,7 @@ class Trainer:
             checkpoint.read_part(path, f"rank-{self.rank:05d}"))
         self.model.load_state_dict(snap.model)
         if self.sharded is not None and snap.zero is not None:
+            self.sharded.take_params(self.model)  # the master slice must start from the checkpoint's weights
             self.load_shard(path, snap)
         else:
             self.optimizer.load_state_dict(snap.optimizer)

@@ -67,7 +67,7 @@ from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.models import state_bytes
 from blocksync.engine.plan import WorkerPlan
 from blocksync.engine.progress import Heartbeat
-from blocksync.engine.worker.anon_memory import AnonPeak
+from blocksync.engine.worker.anon_memory import AnonPeak, status_mb
 from blocksync.engine.worker.block_data import batch_arrays, split_targets
 from blocksync.engine.worker.block_store import (
     Block,
@@ -316,14 +316,7 @@ def reset_peak_rss() -> None:
 
 def peak_rss_mb() -> float | None:
     """This process's peak resident memory since `reset_peak_rss` (VmHWM), as the OS counts it."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    return status_mb("VmHWM")
 
 
 def _agree_and_connect(plan: WorkerPlan, ctx: Any, num_rows: int, problem: str) -> tuple[Collective, list[int]]:
