@@ -186,3 +186,13 @@ def test_unknown_and_unimplemented_shard_modes_are_refused():
         TrainConfig(shard="gradients")
     with pytest.raises(ValueError, match=r"shard='params' is not one of none, optimizer"):
         TrainConfig(shard="params")
+
+
+def test_the_spark_ml_param_reaches_the_config_and_its_combinations_are_checked():
+    from blocksync.ml import BlockSyncClassifier
+
+    clf = BlockSyncClassifier(shard="optimizer", backend="torch_gloo")
+    assert clf.getOrDefault("shard") == "optimizer" and BlockSyncClassifier().getOrDefault("shard") == "none"
+    assert clf.train_config("classification").shard == "optimizer"
+    with pytest.raises(ValueError, match=r"shard='optimizer' with backend='spark'"):
+        BlockSyncClassifier(shard="optimizer", backend="spark").train_config("classification")

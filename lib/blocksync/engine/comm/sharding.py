@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from blocksync.engine.comm.collectives import to_collective
 from blocksync.engine.optim import build_optimizer
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class ShardedOptimizer:
         seconds the all-gather took (communication, not optimizer time)."""
         self.optimizer.step()
         t0 = time.perf_counter()
-        gathered = self.coll.allgather(self.param.detach())
+        gathered = self.coll.allgather(to_collective(self.coll, self.param.detach()))
         seconds = time.perf_counter() - t0
         # All-gather output is in shard order, which is what the layout's slices follow.
         return gathered[: self.layout.num_params], seconds
