@@ -11,8 +11,10 @@ import torch
 
 from blocksync import ModelSpec, TrainConfig, TrainingError, make_blocks, train, train_blocks
 from blocksync.engine.checkpoint import CheckpointError, step_dirs
+from blocksync.engine.comm.collectives import Collective
 from blocksync.engine.comm.sharding import Layout, reshard, shards_needed
 from blocksync.engine.driver.input_columns import resolve_inputs
+from blocksync.engine.worker.state_fits import TrainingStateTooLarge, check_state_fits
 from tests.conftest import synthetic_classification
 from tests.helpers import collect_blocks
 from tests.reference import max_param_diff, reference_train
@@ -196,3 +198,36 @@ def test_the_spark_ml_param_reaches_the_config_and_its_combinations_are_checked(
     assert clf.train_config("classification").shard == "optimizer"
     with pytest.raises(ValueError, match=r"shard='optimizer' with backend='spark'"):
         BlockSyncClassifier(shard="optimizer", backend="spark").train_config("classification")
+
+
+class SharedCgroupRanks(Collective):
+    """Rank 0 of `size` ranks that all share one host and cgroup, in one process: every all-gather returns
+    this rank's tensor `size` times, and only this rank contributes to a sum."""
+
+    def allreduce_sum(self, flat, fp16=False):
+        return flat
+
+    def allgather(self, tensor):
+        return tensor.repeat(self.size)
+
+    def broadcast(self, flat, root=0):
+        return flat
+
+
+def test_a_training_state_over_the_cgroup_limit_is_refused_naming_shard_and_sharded_fits():
+    coll = SharedCgroupRanks(0, 4)
+    num_params = 2**20  # 4 MiB of float32
+    # Adam, replicated: gradients 4 + moments 8 + exchange 8 = 20 MiB a rank; sharded at N = 4: gradients 4,
+    # a quarter of the moments and its master copy 3, exchange 8 = 15 MiB. Four ranks in the cgroup.
+    free = 70 * 2**20
+    replicated = TrainConfig(num_workers=4, optimizer="adam")
+    with pytest.raises(TrainingStateTooLarge, match=r"^shard='none': each rank would allocate 20 MiB more for its "
+                       r"1,048,576 parameters \(gradients 4, optimizer state 8, exchange buffers 8 MiB\), and the "
+                       r"ranks sharing a memory cgroup would exceed its limit by 10 MiB; set train.shard=optimizer"):
+        check_state_fits(coll, replicated, num_params, memory=(100 * 2**20, 100 * 2**20 - free))
+    check_state_fits(coll, TrainConfig(num_workers=4, optimizer="adam", shard="optimizer"), num_params,
+                     memory=(100 * 2**20, 100 * 2**20 - free))
+    check_state_fits(coll, replicated, num_params, memory=None)  # no limit known: nothing to refuse
+    with pytest.raises(TrainingStateTooLarge, match=r"shard='optimizer'.*raise num_workers \(a smaller slice each\)"):
+        check_state_fits(coll, TrainConfig(num_workers=4, shard="optimizer"), num_params,
+                         memory=(100 * 2**20, 100 * 2**20 - 50 * 2**20))

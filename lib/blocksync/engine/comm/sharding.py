@@ -146,3 +146,16 @@ def shards_needed(old: Layout, new: Layout, index: int) -> list[int]:
     if hi <= lo:
         return [0]  # an all-padding slice: only the scalars are needed
     return list(range(lo // old.chunk, (hi - 1) // old.chunk + 1))
+
+
+def training_state_bytes(num_params: int, cfg: TrainConfig, num_shards: int) -> dict[str, int]:
+    """What a rank allocates for training beyond its model's parameters, by part, in bytes (float32):
+    the gradients, the optimizer state (a 1/N slice of it and the slice's master copy with shard=optimizer),
+    and the exchange's transient buffers (replicated: the flat buffer and its division's result;
+    sharded: the padded buffer and the backend's copy of it)."""
+    per_param = {"adam": 2, "adamw": 2}.get(cfg.optimizer, 1 if cfg.momentum else 0)
+    if cfg.shard == "optimizer":
+        chunk = Layout(num_params, num_shards).chunk
+        return {"gradients": 4 * num_params, "optimizer": 4 * chunk * (per_param + 1),
+                "exchange": 8 * chunk * num_shards}
+    return {"gradients": 4 * num_params, "optimizer": 4 * num_params * per_param, "exchange": 8 * num_params}

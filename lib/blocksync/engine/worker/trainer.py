@@ -49,6 +49,7 @@ from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.worker.block_data import batch_slices, epoch_permutation, split_targets
+from blocksync.engine.worker.state_fits import check_state_fits
 
 if TYPE_CHECKING:
     from blocksync.engine.plan import WorkerPlan
@@ -104,6 +105,9 @@ class Trainer:
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs, plan.inputs).to(device)
         set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
         self.model.train()
+        if cfg.backend != "spark":  # (its collectives cost a second each; it trains tiny models only)
+            # Every model is built: a limit that cannot hold the gradients and optimizer state is named now.
+            check_state_fits(coll, cfg, sum(p.numel() for p in self.model.parameters()))
         self.custom_loss = import_loss(cfg.loss) if cfg.loss else None  # probed on the driver (losses.check_loss)
         # shard=optimizer: this rank's optimizer steps only its 1/N slice of the flat parameters (`sharding`).
         self.sharded = ShardedOptimizer(self.model, cfg, coll) if cfg.shard == "optimizer" else None
