@@ -43,12 +43,13 @@ import torch
 from blocksync.engine import checkpoint
 from blocksync.engine.comm.collectives import Collective, to_collective
 from blocksync.engine.comm.compression import make_compressor
-from blocksync.engine.comm.sharding import Layout, ShardedOptimizer, reshard, shards_needed
+from blocksync.engine.comm.sharding import ShardedOptimizer
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.worker.block_data import batch_slices, epoch_permutation, split_targets
+from blocksync.engine.worker.shard_resume import load_shard, resharded_rank_state
 from blocksync.engine.worker.state_fits import check_state_fits
 
 if TYPE_CHECKING:
@@ -144,12 +145,12 @@ class Trainer:
         checkpoint.check_shard_mode(snap, self.cfg.shard, path)
         zero = snap.zero
         resharded = zero is not None and zero["num_shards"] != self.coll.size
-        snap.rank_state = self.resharded_rank_state(path, zero) if zero is not None and resharded else (
+        snap.rank_state = resharded_rank_state(path, zero, self.rank) if zero is not None and resharded else (
             checkpoint.read_part(path, f"rank-{self.rank:05d}"))
         self.model.load_state_dict(snap.model)
         if self.sharded is not None and snap.zero is not None:
             self.sharded.take_params(self.model)  # the master slice must start from the checkpoint's weights
-            self.load_shard(path, snap)
+            load_shard(self.sharded, path, snap)
         else:
             self.optimizer.load_state_dict(snap.optimizer)
         self.schedule.load_state_dict(snap.scheduler)
@@ -165,34 +166,6 @@ class Trainer:
         self.first_step = snap.step
         log.info("rank %d: resumed from %s at step %d%s", self.rank, path, snap.step,
                  f" (optimizer state resharded from {zero['num_shards']} shards)" if zero and resharded else "")
-
-    def load_shard(self, path: str, snap: checkpoint.Snapshot) -> None:
-        """This rank's slice of a sharded checkpoint's optimizer state: its own saved slice when the shard
-        count is unchanged (bitwise), else cut from the saved slices it overlaps."""
-        assert self.sharded is not None and snap.zero is not None
-        old, new = Layout(**snap.zero), self.sharded.layout
-        if old.num_params != new.num_params:
-            raise checkpoint.CheckpointError(f"checkpoint {path} holds {old.num_params} sharded parameters but the "
-                                             f"model has {new.num_params}; point checkpoint.dir elsewhere.")
-        index = self.sharded.index
-        needed = [index] if old == new else shards_needed(old, new, index)
-        shards = {k: checkpoint.read_part(path, f"zero-{k:05d}") for k in needed}
-        tensors = shards[index] if old == new else reshard(shards, old, new, index)
-        self.sharded.load_state(tensors, snap.optimizer["param_groups"])
-
-    def resharded_rank_state(self, path: str, zero: dict[str, int]) -> dict[str, torch.Tensor]:
-        """Resuming on another num_workers: rank 0 carries the old ranks' summed epoch statistics and traffic
-        (the epoch's global loss and the run's bytes stay whole), the others start them at zero; the best
-        weights of early stopping are the same on every old rank."""
-        parts = [checkpoint.read_part(path, f"rank-{r:05d}") for r in range(zero["num_shards"])]
-        state = {"epoch_stats": torch.zeros(3, dtype=torch.float64), "traffic": torch.zeros(2, dtype=torch.float64)}
-        if self.rank == 0:
-            for part in parts:
-                state["epoch_stats"] += part["epoch_stats"]
-                state["traffic"] += part.get("traffic", torch.zeros(2, dtype=torch.float64))
-        if "best_params" in parts[0]:
-            state["best_params"] = parts[0]["best_params"]
-        return state
 
     def run(self) -> float:
         """Train the remaining steps; returns this attempt's training seconds."""
