@@ -1,0 +1,56 @@
+"""A model whose replicated training state does not fit the workers' cgroup memory limit: refused with
+shard=none (a clear error before the allocation, not a kill), trained with shard=optimizer.
+
+`sharding`'s 21.5M-parameter mlp with Adam, 4 horovod workers on local[4], Spark's Python workers
+in a cgroup v1 memory controller limited to LIMIT_MB (as `memory_limit` sets one up: the daemon joins
+it before it imports anything). Replicated, each rank still needs gradients (86 MB), Adam's moments
+(172 MB) and the exchange's buffers (172 MB) after building its model; sharded at N = 4, a quarter of
+the moments and its master copy (64 MB) instead of 172 MB. Recorded: each run's outcome (the error a user
+reads, or steps and each rank's peak RssAnon), the cgroup's peak usage and how often it hit the limit.
+Needs root and a cgroup v1 memory controller; elsewhere it says why and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tests.helpers import own_memory_cgroup
+
+from benchmarks.common import write
+from benchmarks.memory_limit import REPO, run_job, stop_leftovers
+
+LIMIT_MB = 3072
+
+
+def run(spark) -> dict | None:
+    parent = own_memory_cgroup()
+    if parent is None:
+        print("sharding_limit: skipped: needs root and a writable cgroup v1 memory controller", flush=True)
+        return None
+    cgroup = parent / f"blocksync-sharding-{os.getpid()}"
+    cgroup.mkdir()
+    runs = []
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
+        with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
+            for shard in ("none", "optimizer"):
+                runs.append(run_job(cgroup, "-", shard, Path(tmp), script="sharding_limit_job.py"))
+                print(f"sharding_limit {shard}: {runs[-1]}", flush=True)
+    finally:
+        stop_leftovers(cgroup)
+        cgroup.rmdir()
+    payload = {"limit_mb": LIMIT_MB, "runs": runs}
+    lines = [f"# A 21.5M-parameter mlp with Adam, 4 horovod workers, Python workers under a {LIMIT_MB} MiB cgroup "
+             "memory limit", "",
+             "| shard | outcome | seconds | peak RssAnon per rank | cgroup peak (page cache included) | limit hits |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        outcome = (f"completed: {r['steps']} steps, optimizer state {max(r['optimizer_bytes_per_rank']) / 2**20:,.1f} "
+                   "MiB per rank" if r["ok"] else f"refused ({r['kind']}): {r['error']}")
+        anon = f"{max(r['peak_anon_mb']):,.0f} MiB" if r["ok"] else "-"
+        lines.append(f"| {r['shard']} | {outcome} | {r['seconds']:.0f} | {anon} | "
+                     f"{r['cgroup_peak_mb']:,.0f} MiB | {r['cgroup_limit_hits']} |")
+    write("sharding_limit", payload, "\n".join(lines) + "\n")
+    return payload
