@@ -222,7 +222,7 @@ def test_a_training_state_over_the_cgroup_limit_is_refused_naming_shard_and_shar
     coll = SharedCgroupRanks(0, 4)
     num_params = 2**20  # 4 MiB of float32
     # Adam, replicated: gradients 4 + moments 8 + exchange 8 = 20 MiB a rank; sharded at N = 4: gradients 4,
-    # a quarter of the moments and its master copy 3, exchange 8 = 15 MiB. Four ranks in the cgroup.
+    # a quarter of the moments and its master copy 3, exchange 4 = 11 MiB. Four ranks in the cgroup.
     free = 70 * 2**20
     replicated = TrainConfig(num_workers=4, optimizer="adam")
     with pytest.raises(TrainingStateTooLarge, match=r"^shard='none': each rank would allocate 20 MiB more for its "
@@ -234,4 +234,4 @@ def test_a_training_state_over_the_cgroup_limit_is_refused_naming_shard_and_shar
     check_state_fits(coll, replicated, num_params, memory=None)  # no limit known: nothing to refuse
     with pytest.raises(TrainingStateTooLarge, match=r"shard='optimizer'.*raise num_workers \(a smaller slice each\)"):
         check_state_fits(coll, TrainConfig(num_workers=4, shard="optimizer"), num_params,
-                         memory=(100 * 2**20, 100 * 2**20 - 50 * 2**20))
+                         memory=(100 * 2**20, 100 * 2**20 - 40 * 2**20))

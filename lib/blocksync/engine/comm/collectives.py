@@ -316,9 +316,11 @@ class TorchGlooCollective(Collective):
         return buf.float() if fp16 else buf
 
     def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        self._dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts)
+        # Into one output tensor: a list of parts and their concatenation would hold the result twice.
+        out = torch.empty(self.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        gather = getattr(self._dist, "all_gather_single", None) or self._dist.all_gather_into_tensor
+        gather(out, tensor.contiguous().reshape(-1))
+        return out
 
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
         self._dist.broadcast(flat, src=root)

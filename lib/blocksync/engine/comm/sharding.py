@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,15 +78,24 @@ class ShardedOptimizer:
             self.param.zero_()
             self.param[:hi - lo] = flat[lo:hi]
 
-    def exchange(self, grads: list[torch.Tensor], total: float, coll_device: torch.device) -> tuple[float, float]:
-        """Reduce-scatter every rank's contribution (its gradients / the global batch `total`) into this slice's
-        gradient: one padded flat buffer, divided in place (the bits of the replicated path's division).
-        Returns (payload, wire) bytes of this step: the reduce-scatter's and the coming all-gather's."""
-        flat = torch.zeros(self.layout.padded, dtype=grads[0].dtype, device=coll_device)
-        torch.cat([g.reshape(-1).to(coll_device) for g in grads], out=flat[: self.layout.num_params])
-        flat.div_(total)
-        mine = self.coll.reduce_scatter_sum(flat)
-        del flat  # the fallback's all-reduce wrote into it; only the slice lives on
+    def gradient_views(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One gradient tensor per parameter, each a view of one flat buffer padded to N slices (zero
+        padding): backward accumulates into it in place (as DDP's gradient_as_bucket_view), so the exchange
+        sends it without packing a copy."""
+        self.flat_grad = torch.zeros(self.layout.padded, dtype=params[0].dtype, device=params[0].device)
+        views, at = [], 0
+        for p in params:
+            views.append(self.flat_grad[at:at + p.numel()].view_as(p))
+            at += p.numel()
+        return views
+
+    def exchange(self, total: float) -> tuple[float, float]:
+        """Reduce-scatter every rank's contribution (its gradients, divided in place by the global batch
+        `total`: the bits of the replicated path's division) into this slice's gradient. The buffer may be
+        overwritten (the fallback all-reduces in place); the next step zeroes it. Returns (payload, wire)
+        bytes of this step: the reduce-scatter's and the coming all-gather's."""
+        self.flat_grad.div_(total)
+        mine = self.coll.reduce_scatter_sum(to_collective(self.coll, self.flat_grad))
         self.grad.copy_(mine.to(self.param.device))
         scatter, gather = self.layout.padded * 4, self.layout.chunk * 4
         wire = self.coll.bytes_per_reduce_scatter(scatter) + self.coll.bytes_per_allgather(gather)
@@ -152,10 +162,10 @@ def training_state_bytes(num_params: int, cfg: TrainConfig, num_shards: int) -> 
     """What a rank allocates for training beyond its model's parameters, by part, in bytes (float32):
     the gradients, the optimizer state (a 1/N slice of it and the slice's master copy with shard=optimizer),
     and the exchange's transient buffers (replicated: the flat buffer and its division's result;
-    sharded: the padded buffer and the backend's copy of it)."""
+    sharded: Horovod's copy of the gradient buffer in its reduce-scatter, or the gathered parameters)."""
     per_param = {"adam": 2, "adamw": 2}.get(cfg.optimizer, 1 if cfg.momentum else 0)
     if cfg.shard == "optimizer":
         chunk = Layout(num_params, num_shards).chunk
         return {"gradients": 4 * num_params, "optimizer": 4 * chunk * (per_param + 1),
-                "exchange": 8 * chunk * num_shards}
+                "exchange": 4 * chunk * num_shards}
     return {"gradients": 4 * num_params, "optimizer": 4 * num_params * per_param, "exchange": 8 * num_params}

@@ -118,7 +118,8 @@ class Trainer:
         self.num_params = sum(p.numel() for p in params)
         # Gradients exist from the start, so an empty local batch still all-reduces zeros;
         # zero_grad(set_to_none=False) and backward() keep writing into these same tensors.
-        self.grads = [torch.zeros_like(p) for p in params]
+        # Sharded, they are views of one flat padded buffer, which the reduce-scatter then sends as it is.
+        self.grads = self.sharded.gradient_views(params) if self.sharded else [torch.zeros_like(p) for p in params]
         for p, g in zip(params, self.grads, strict=True):
             p.grad = g
         self.global_batch = np.sum(
@@ -285,9 +286,7 @@ class Trainer:
         # gradients everywhere: it exchanges zeros, not 0/0.
         total = float(self.global_batch[s_in_epoch])
         if self.sharded is not None:  # only this rank's slice of the mean gradient comes back
-            staged = self.grads[0].device.type == "cuda" and not self.coll.device_tensors  # as `to_collective`
-            device = torch.device("cpu") if staged else self.grads[0].device
-            payload, wire = self.sharded.exchange(self.grads, total if total > 0 else 1.0, device)
+            payload, wire = self.sharded.exchange(total if total > 0 else 1.0)
             self.traffic += torch.tensor([payload, wire], dtype=torch.float64)
             return
         contribution = torch.cat([g.reshape(-1) for g in self.grads]) / (total if total > 0 else 1.0)
