@@ -2,12 +2,14 @@
 shard=none (a clear error before the allocation, not a kill), trained with shard=optimizer.
 
 `sharding`'s 21.5M-parameter mlp with Adam, 4 horovod workers on local[4], Spark's Python workers
-in a cgroup v1 memory controller limited to LIMIT_MB (as `memory_limit` sets one up: the daemon joins
-it before it imports anything). Replicated, each rank still needs gradients (86 MB), Adam's moments
-(172 MB) and the exchange's buffers (172 MB) after building its model; sharded at N = 4, a quarter of
-the moments and its master copy (64 MB) instead of 172 MB. Recorded: each run's outcome (the error a user
-reads, or steps and each rank's peak RssAnon), the cgroup's peak usage and how often it hit the limit.
-Needs root and a cgroup v1 memory controller; elsewhere it says why and writes nothing.
+in a cgroup v1 memory controller (as `memory_limit` sets one up: the daemon joins it before it imports
+anything). The limit is calibrated, not guessed: a first sharded run without a limit measures the
+cgroup's peak; the limit is that peak plus MARGIN_MB. Then shard=none and shard=optimizer run under it.
+Replicated, each rank still needs gradients (82 MiB), Adam's moments (164 MiB) and the exchange's
+buffers (164 MiB) after building its model; sharded at N = 4, a quarter of the moments and its master
+copy (62 MiB) and 82 MiB of exchange. Recorded: each run's outcome (the error a user reads, or steps
+and each rank's peak RssAnon), the cgroup's peak usage and how often it hit the limit. Needs root and a
+cgroup v1 memory controller; elsewhere it says why and writes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from tests.helpers import own_memory_cgroup
 from benchmarks.common import write
 from benchmarks.memory_limit import REPO, run_job, stop_leftovers
 
-LIMIT_MB = 3072
+MARGIN_MB = 150
 
 
 def run(spark) -> dict | None:
@@ -33,17 +35,25 @@ def run(spark) -> dict | None:
     cgroup.mkdir()
     runs = []
     try:
-        (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
         with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
+            (cgroup / "memory.limit_in_bytes").write_text("-1")  # no limit: measure the sharded run's peak
+            calibration = run_job(cgroup, "-", "optimizer", Path(tmp), script="sharding_limit_job.py")
+            print(f"sharding_limit calibration: {calibration}", flush=True)
+            if not calibration["ok"]:
+                raise RuntimeError(f"the calibration run failed: {calibration['error']}")
+            limit_mb = int(calibration["cgroup_peak_mb"] + MARGIN_MB)
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit_mb * 2**20))
             for shard in ("none", "optimizer"):
                 runs.append(run_job(cgroup, "-", shard, Path(tmp), script="sharding_limit_job.py"))
                 print(f"sharding_limit {shard}: {runs[-1]}", flush=True)
     finally:
         stop_leftovers(cgroup)
         cgroup.rmdir()
-    payload = {"limit_mb": LIMIT_MB, "runs": runs}
-    lines = [f"# A 21.5M-parameter mlp with Adam, 4 horovod workers, Python workers under a {LIMIT_MB} MiB cgroup "
+    payload = {"limit_mb": limit_mb, "margin_mb": MARGIN_MB, "calibration": calibration, "runs": runs}
+    lines = [f"# A 21.5M-parameter mlp with Adam, 4 horovod workers, Python workers under a {limit_mb:,} MiB cgroup "
              "memory limit", "",
+             "The limit: the cgroup's peak in a sharded run without a limit "
+             f"({calibration['cgroup_peak_mb']:,.0f} MiB) plus {MARGIN_MB} MiB.", "",
              "| shard | outcome | seconds | peak RssAnon per rank | cgroup peak (page cache included) | limit hits |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
