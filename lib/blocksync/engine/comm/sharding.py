@@ -123,9 +123,6 @@ class ShardedOptimizer:
         entry = {k.removeprefix("zero/"): v for k, v in tensors.items() if k.startswith("zero/") and k != "zero/index"}
         self.optimizer.load_state_dict({"state": {0: entry} if entry else {}, "param_groups": param_groups})
 
-    def bytes(self) -> int:
-        return state_bytes(self.optimizer)
-
 
 def reshard(shards: dict[int, dict[str, torch.Tensor]], old: Layout, new: Layout,
             index: int) -> dict[str, torch.Tensor]:
