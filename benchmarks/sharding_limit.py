@@ -1,14 +1,13 @@
-"""A model whose replicated training state does not fit the workers' cgroup memory limit: refused with
-shard=none (a clear error before the allocation, not a kill), trained with shard=optimizer.
+"""Does a cgroup memory limit that the sharded run fits refuse the replicated run? (The intended demonstration
+of shard=optimizer: a replicated run refused before its allocations, a sharded one trained.)
 
 `sharding`'s 21.5M-parameter mlp with Adam, 4 horovod workers on local[4], Spark's Python workers
 in a cgroup v1 memory controller (as `memory_limit` sets one up: the daemon joins it before it imports
 anything). The limit is calibrated, not guessed: a first sharded run without a limit measures the
 cgroup's peak; the limit is that peak plus MARGIN_MB. Then shard=none and shard=optimizer run under it.
-Replicated, each rank still needs gradients (82 MiB), Adam's moments (164 MiB) and the exchange's
-buffers (164 MiB) after building its model; sharded at N = 4, a quarter of the moments and its master
-copy (62 MiB) and 82 MiB of exchange. Recorded: each run's outcome (the error a user reads, or steps
-and each rank's peak RssAnon), the cgroup's peak usage and how often it hit the limit. Needs root and a
+Recorded: each run's outcome (the error a user reads, or steps and each rank's peak RssAnon), the
+cgroup's peak usage and how often it hit the limit; the result says which way it went (at the recorded
+commit the replicated run completed: its cgroup peak was below the sharded run's). Needs root and a
 cgroup v1 memory controller; elsewhere it says why and writes nothing.
 """
 
