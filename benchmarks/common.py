@@ -101,6 +101,25 @@ def cached_blocks(spark, files: list[str], workers: int, seed: int = 0):
     return blocks, info
 
 
+def written_bytes() -> int:
+    """This process's `wchar` from /proc/self/io: bytes passed to write/writev, which Gloo's TCP pairs use."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+
+
+def task_collective(batches, backend: str):
+    """Inside a benchmark's barrier task: drain its input, one torch thread, the backend started."""
+    import torch
+    from pyspark import BarrierTaskContext
+
+    from blocksync.engine.comm.collectives import start_collective
+
+    for _ in batches:  # the input rows only place the tasks
+        pass
+    torch.set_num_threads(1)
+    return start_collective(backend, BarrierTaskContext.get(), timeout_seconds=300, interface=None)
+
+
 def steady_step_seconds(result, warmup: int) -> float:
     """Rank 0's median step period (start of one step to the next) after `warmup` steps."""
     starts = [t[0] for t in result.rank_summaries[0]["step_timings"]]

@@ -52,32 +52,23 @@ def measured_wire_bytes(spark, mode: str, num_features: int, num_outputs: int, e
 
         import pyarrow as pa
         import torch
-        from pyspark import BarrierTaskContext
 
+        from benchmarks.common import task_collective, written_bytes
         from blocksync import ModelSpec
-        from blocksync.engine.comm.collectives import start_collective
         from blocksync.engine.comm.compression import make_compressor
         from blocksync.engine.models import build_model
 
-        def written() -> int:
-            with open("/proc/self/io") as io:
-                return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
-
-        for _ in batches:
-            pass
-        ctx = BarrierTaskContext.get()
-        torch.set_num_threads(1)
-        coll = start_collective("horovod", ctx, timeout_seconds=300, interface=None)
+        coll = task_collective(batches, "horovod")
         shapes = [p.shape for p in build_model(ModelSpec(name="mlp", hidden=hidden), num_features, num_outputs)
                   .parameters()]
         comp = make_compressor(mode, coll, shapes, topk_ratio=0.01, powersgd_rank=4, seed=0)
         gen = torch.Generator().manual_seed(coll.rank)
         grads = [torch.randn(comp.num_params, generator=gen) for _ in range(exchanges + 1)]
         formula = comp.exchange(grads[0], 0).wire_bytes  # warm-up: Horovod's first op of a name negotiates
-        before = written()
+        before = written_bytes()
         for step in range(1, exchanges + 1):
             comp.exchange(grads[step], step)
-        sent = (written() - before) / exchanges
+        sent = (written_bytes() - before) / exchanges
         coll.close()
         yield pa.RecordBatch.from_pydict({"out": [json.dumps({"rank": coll.rank, "sent": sent, "formula": formula,
                                                               "kind": comp.kind})]})

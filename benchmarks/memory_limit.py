@@ -36,13 +36,14 @@ FACTOR = 4
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_job(cgroup: Path, data: str, storage: str, tmp: Path) -> dict:
+def run_job(cgroup: Path, data: str, storage: str, tmp: Path, script: str = "memory_limit_job.py") -> dict:
+    """Run `script` (argv: data, result file, `storage`) with Spark's Python workers in `cgroup`."""
     (cgroup / "memory.max_usage_in_bytes").write_text("0")  # reset the peak
     failcnt_before = int((cgroup / "memory.failcnt").read_text())
     out = tmp / f"{storage}.json"
     env = {**os.environ, "BLOCKSYNC_BENCH_CGROUP": str(cgroup), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory_limit_job.py"), data, str(out), storage],
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), data, str(out), storage],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"the {storage} job failed (exit {proc.returncode}): {proc.stderr[-3000:]}")

@@ -5,6 +5,7 @@ Layout under `checkpoint.dir`:
     step-000000120/manifest.json        step, epoch, history, optimizer/scheduler scalars (JSON)
     step-000000120/state.safetensors    model parameters, optimizer tensors, torch RNG state
     step-000000120/rank-00003.safetensors   per-rank state: error-feedback residual, epoch statistics
+    step-000000120/zero-00001.safetensors   shard=optimizer: one slice of the optimizer state
 
 How a checkpoint is written and committed (the manifest, last): `write`.
 """
@@ -109,12 +110,15 @@ class Snapshot:
     rng: torch.Tensor
     history: list[dict[str, float]]
     rank_state: dict[str, torch.Tensor]
+    zero: dict[str, int] | None = None
+    """A sharded run's layout ({"num_params", "num_shards"}): its optimizer state is in `zero-K` files,
+    one per shard, not in the state file. None: the optimizer state is whole in the state file."""
 
 
 def write(
     uri: str, *, rank: int, step: int, barrier: Any, keep: int, model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer, scheduler: Any, history: list[dict[str, float]],
-    rank_state: dict[str, torch.Tensor],
+    optimizer: dict[str, Any], scheduler: Any, history: list[dict[str, float]],
+    rank_state: dict[str, torch.Tensor], zero: tuple[dict[str, int], int, dict[str, torch.Tensor]] | None = None,
 ) -> None:
     """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive.
 
@@ -126,6 +130,10 @@ def write(
     cannot move one). Rank 0 then prunes all but the newest `keep`. Tensors are
     stored with safetensors and metadata as JSON: loading a checkpoint never
     unpickles code.
+
+    `optimizer` is rank 0's optimizer state_dict. `zero`, in a sharded run: (layout, this rank's shard index,
+    its slice's optimizer tensors); each rank writes its slice to `zero-<index>.safetensors` beside its rank
+    file, and the manifest, written last, commits them with the rest.
     """
     from safetensors.torch import save
 
@@ -138,16 +146,19 @@ def write(
     barrier()
     _write(fs, f"{tmp}/rank-{rank:05d}.safetensors",
            save({k: v.detach().cpu().contiguous() for k, v in rank_state.items()}))
+    if zero is not None:
+        _write(fs, f"{tmp}/zero-{zero[1]:05d}.safetensors", save(zero[2]))
     barrier()
     if rank != 0:
         return
-    opt_tensors, opt_scalars = _optimizer_split(optimizer.state_dict())
+    opt_tensors, opt_scalars = _optimizer_split(optimizer)
     tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tensors.update(opt_tensors)
     tensors["rng/torch"] = torch.get_rng_state()
     _write(fs, f"{tmp}/{STATE}", save(tensors))
     manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
-                "scheduler": scheduler.state_dict(), "history": history}
+                "scheduler": scheduler.state_dict(), "history": history,
+                **({"zero": zero[0]} if zero is not None else {})}
     _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())  # the commit point
     for step_done, _ in step_dirs(uri)[:-keep]:
         fs.delete_dir(f"{root}/step-{step_done:09d}")
@@ -161,12 +172,9 @@ def read(path: str, rank: int | None = None) -> Snapshot:
     try:
         manifest = json.loads(_read(fs, f"{folder}/{MANIFEST}"))
         tensors = load(_read(fs, f"{folder}/{STATE}"))
-        rank_state = load(_read(fs, f"{folder}/rank-{rank:05d}.safetensors")) if rank is not None else {}
     except Exception as err:  # any read or parse failure makes the checkpoint unusable
-        raise CheckpointError(
-            f"checkpoint {path} is corrupted or incomplete ({type(err).__name__}: {err}); "
-            "delete it to resume from an older one, or start fresh with another checkpoint.dir."
-        ) from err
+        raise _unusable(path, err) from err
+    rank_state = read_part(path, f"rank-{rank:05d}") if rank is not None else {}
     model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     return Snapshot(
         step=int(manifest["step"]),
@@ -176,7 +184,38 @@ def read(path: str, rank: int | None = None) -> Snapshot:
         rng=tensors["rng/torch"],
         history=manifest["history"],
         rank_state=rank_state,
+        zero=manifest.get("zero"),
     )
+
+
+def read_part(path: str, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of one part of a committed checkpoint: `rank-<R>` (a rank's state) or `zero-<K>` (shard K
+    of a sharded run's optimizer state)."""
+    from safetensors.torch import load
+
+    fs, folder = filesystem(path)
+    try:
+        return load(_read(fs, f"{folder}/{name}.safetensors"))
+    except Exception as err:
+        raise _unusable(path, err) from err
+
+
+def _unusable(path: str, err: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is corrupted or incomplete ({type(err).__name__}: {err}); "
+        "delete it to resume from an older one, or start fresh with another checkpoint.dir."
+    )
+
+
+def check_shard_mode(snapshot: Snapshot, shard: str, path: str) -> None:
+    """A checkpoint's optimizer state is whole or in shards; the resuming run must keep it the same way."""
+    saved = "optimizer" if snapshot.zero is not None else "none"
+    if saved != shard:
+        raise CheckpointError(
+            f"checkpoint {path} was written with shard={saved!r} and this run has shard={shard!r}: its optimizer "
+            f"state is {'in shards' if snapshot.zero else 'whole'}; set shard={saved!r} to resume it, or point "
+            "checkpoint.dir at an empty folder."
+        )
 
 
 def check_compatible(snapshot: Snapshot, model: torch.nn.Module, path: str) -> None:

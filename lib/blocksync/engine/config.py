@@ -22,6 +22,7 @@ BlockStorage = Literal["auto", "memory", "disk"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
+Shard = Literal["none", "optimizer"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 BLOCK_SOURCES: tuple[str, ...] = get_args(BlockSource)
@@ -32,6 +33,7 @@ SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 DEVICES: tuple[str, ...] = get_args(DeviceName)
 TASKS: tuple[str, ...] = get_args(TaskKind)
 COMPRESSIONS: tuple[str, ...] = get_args(Compression)
+SHARDS: tuple[str, ...] = get_args(Shard)
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -238,6 +240,12 @@ class TrainConfig:
     stall watchdog reports first (HOROVOD_GLOO_TIMEOUT_SECONDS, torch_gloo timeout)."""
     network_interface: str | None = None
     """NIC for Gloo; None: the interface that holds the task's own address (lo on 127.0.0.1)."""
+    shard: Shard = "none"
+    """`none`: every rank holds the whole optimizer state (replicated). `optimizer` (ZeRO stage 1): the
+    gradients are reduce-scattered, each rank steps only its contiguous 1/num_workers slice of the flat
+    parameters with only that slice's optimizer state, and the updated slices are all-gathered, so every
+    replica holds the same parameters before the next forward pass. Needs sync=gradients,
+    compression=none and backend horovod or torch_gloo (README, "Sharded optimizer state")."""
     compression: Compression = "none"
     """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback),
     powersgd (low-rank, error feedback; all-reduced, so its bytes per rank do not grow with workers)."""
@@ -332,6 +340,30 @@ class TrainConfig:
             raise ValueError(f"loss={self.loss!r} is not an import path 'package.module:fn'; leave it unset for "
                              "cross-entropy (classification) or MSE (regression).")
         self._check_label_smoothing()
+        self._check_shard()
+
+    def _check_shard(self) -> None:
+        if self.shard == "gradients":
+            raise ValueError("shard='gradients' (ZeRO stage 2) is not implemented: every rank keeps its whole "
+                             "gradient; use shard=optimizer (ZeRO stage 1), or shard=none.")
+        _choice("shard", self.shard, SHARDS)
+        if self.shard == "none":
+            return
+        if self.backend == "spark":
+            raise ValueError(f"shard={self.shard!r} with backend='spark': the spark backend has no reduce-scatter "
+                             "and sends every byte through the driver; use backend=horovod or torch_gloo, or "
+                             "shard=none.")
+        if self.sync == "parameters":
+            raise ValueError(f"shard={self.shard!r} with sync='parameters': local SGD steps every replica on its "
+                             "own gradient with its own optimizer state, so there is no shared state to split; "
+                             "use sync=gradients, or shard=none.")
+        if self.compression != "none":
+            why = {"topk": "all-gathers every rank's sparse contribution whole, so there is nothing to scatter",
+                   "int8": "all-gathers every rank's quantized contribution whole, so there is nothing to scatter",
+                   "powersgd": "all-reduces low-rank factors of whole matrices, which no slice holds",
+                   "fp16": "would need a float16 reduce-scatter, which blocksync does not implement"}[self.compression]
+            raise ValueError(f"shard={self.shard!r} with compression={self.compression!r}: that compression {why}; "
+                             "use compression=none, or shard=none.")
 
     def _check_label_smoothing(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:

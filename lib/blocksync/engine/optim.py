@@ -10,8 +10,10 @@ from torch import nn
 from blocksync.engine.config import TrainConfig
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    params = list(model.parameters())
+def build_optimizer(model: nn.Module | list[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """`cfg`'s optimizer over the model's parameters, or over given tensors (a sharded run's one flat slice:
+    Adam, AdamW and SGD with momentum are elementwise, so a slice steps exactly as those entries of the whole)."""
+    params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":

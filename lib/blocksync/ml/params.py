@@ -79,6 +79,8 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "device": ("device", _STR, "auto (the task's GPU if usable), cpu or cuda"),
     "mixedPrecision": ("mixed_precision", _STR, "none or bf16"),
     "threadsPerWorker": ("threads_per_worker", _optional(_INT), "torch threads per worker; None: spark.task.cpus"),
+    "shard": ("shard", _STR, "none (every rank holds the whole optimizer state) or optimizer (ZeRO stage 1: each "
+              "rank holds and steps 1/numWorkers of it)"),
     "compression": ("compression", _STR, "gradient compression: none, fp16, topk or int8"),
     "topkRatio": ("topk_ratio", _FLOAT, "share of entries sent with compression=topk"),
     "powersgdRank": ("powersgd_rank", _INT, "rank of each matrix's approximation with compression=powersgd"),

@@ -364,6 +364,7 @@ def check_checkpoint(config: TrainConfig, num_features: int, num_outputs: int, i
     if path is None:
         return
     snapshot = checkpoint.read(path)
+    checkpoint.check_shard_mode(snapshot, config.shard, path)
     checkpoint.check_compatible(snapshot, build_model(config.model, num_features, num_outputs, inputs), path)
     log.info("will resume from %s (step %d)", path, snapshot.step)
 

@@ -20,11 +20,14 @@ import torch
 from blocksync.engine import checkpoint
 from blocksync.engine.comm.collectives import Collective, to_collective
 from blocksync.engine.comm.compression import make_compressor
+from blocksync.engine.comm.sharding import ShardedOptimizer
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.worker.block_data import batch_slices, epoch_permutation, split_targets
+from blocksync.engine.worker.shard_resume import load_shard, resharded_rank_state
+from blocksync.engine.worker.state_fits import check_state_fits
 
 if TYPE_CHECKING:
     from blocksync.engine.plan import WorkerPlan
@@ -107,14 +110,20 @@ class Trainer:
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs, plan.inputs).to(device)
         set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
         self.model.train()
+        if cfg.backend != "spark":  # (its collectives cost a second each; it trains tiny models only)
+            # Every model is built: a limit that cannot hold the gradients and optimizer state is named now.
+            check_state_fits(coll, cfg, sum(p.numel() for p in self.model.parameters()))
         self.custom_loss = import_loss(cfg.loss) if cfg.loss else None  # probed on the driver (losses.check_loss)
-        self.optimizer = build_optimizer(self.model, cfg)
+        # shard=optimizer: this rank's optimizer steps only its 1/N slice of the flat parameters (`sharding`).
+        self.sharded = ShardedOptimizer(self.model, cfg, coll) if cfg.shard == "optimizer" else None
+        self.optimizer = self.sharded.optimizer if self.sharded else build_optimizer(self.model, cfg)
         self.schedule = build_schedule(self.optimizer, plan.total_steps, cfg)
         params = list(self.model.parameters())
         self.num_params = sum(p.numel() for p in params)
         # Gradients exist from the start, so an empty local batch still all-reduces zeros;
         # zero_grad(set_to_none=False) and backward() keep writing into these same tensors.
-        self.grads = [torch.zeros_like(p) for p in params]
+        # Sharded, they are views of one flat padded buffer, which the reduce-scatter then sends as it is.
+        self.grads = self.sharded.gradient_views(params) if self.sharded else [torch.zeros_like(p) for p in params]
         for p, g in zip(params, self.grads, strict=True):
             p.grad = g
         self.global_batch = np.sum(
@@ -137,9 +146,18 @@ class Trainer:
         self.started = time.perf_counter()
 
     def resume(self, path: str) -> None:
-        snap = checkpoint.read(path, self.rank)
+        snap = checkpoint.read(path)
+        checkpoint.check_shard_mode(snap, self.cfg.shard, path)
+        zero = snap.zero
+        resharded = zero is not None and zero["num_shards"] != self.coll.size
+        snap.rank_state = resharded_rank_state(path, zero, self.rank) if zero is not None and resharded else (
+            checkpoint.read_part(path, f"rank-{self.rank:05d}"))
         self.model.load_state_dict(snap.model)
-        self.optimizer.load_state_dict(snap.optimizer)
+        if self.sharded is not None and snap.zero is not None:
+            self.sharded.take_params(self.model)  # the master slice must start from the checkpoint's weights
+            load_shard(self.sharded, path, snap)
+        else:
+            self.optimizer.load_state_dict(snap.optimizer)
         self.schedule.load_state_dict(snap.scheduler)
         torch.set_rng_state(snap.rng)
         own = {k: v for k, v in snap.rank_state.items() if k not in ("epoch_stats", "traffic", "best_params")}
@@ -151,7 +169,8 @@ class Trainer:
             self.best_params = snap.rank_state["best_params"].clone().to(self.device)
         self.history, self.step_count = snap.history, snap.step
         self.first_step = snap.step
-        log.info("rank %d: resumed from %s at step %d", self.rank, path, snap.step)
+        log.info("rank %d: resumed from %s at step %d%s", self.rank, path, snap.step,
+                 f" (optimizer state resharded from {zero['num_shards']} shards)" if zero and resharded else "")
 
     def run(self) -> float:
         """Train the remaining steps; returns this attempt's training seconds."""
@@ -204,14 +223,17 @@ class Trainer:
         self.beat.at(step, "sync")
         self.sync(s_in_epoch, count)
         t_opt = time.perf_counter()
-        if self.cfg.sync == "gradients" or count:
+        gather = 0.0  # shard=optimizer: the all-gather after the step is communication, timed as sync
+        if self.sharded is not None:
+            gather = self.sharded_step()
+        elif self.cfg.sync == "gradients" or count:
             self.optimizer.step()
         self.schedule.step()
         self.step_count += 1
         t_end = time.perf_counter()
         averaging = self.average_if_due()
-        self.timings[step] = (t_data - self.started, t_compute - t_data, t_sync - t_compute,
-                              t_opt - t_sync + averaging, t_end - t_opt)
+        self.timings[step] = (t_data - self.started, t_compute - t_data, t_sync - t_compute + gather,
+                              t_opt - t_sync + averaging, t_end - t_opt - gather)
         if self.cfg.check_every and self.step_count % self.cfg.check_every == 0:
             self.check_pending = True
         if self.check_pending and self.in_sync():
@@ -221,6 +243,17 @@ class Trainer:
             loss = float(self.epoch_stats[1]) / max(float(self.epoch_stats[0]), 1.0)
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
 
+    def sharded_step(self) -> float:
+        """shard=optimizer: step this rank's slice, all-gather the slices into the model. Every rank checks
+        the same gathered parameters, so a NaN gradient in any slice stops every rank at this step.
+        Returns the all-gather's seconds."""
+        assert self.sharded is not None
+        flat, seconds = self.sharded.step()
+        if not bool(torch.isfinite(flat).all()):
+            raise self.diverged("the reduce-scattered gradient (or the parameters stepped with it)")
+        set_params(self.model, flat)
+        return seconds
+
     def forward(self, xb: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The network on a batch: the feature matrix, or with typed inputs the dict of them (`inputs`)."""
         inputs = self.plan.inputs
@@ -229,7 +262,7 @@ class Trainer:
     def compute(self, xb: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor) -> float:
         """Summed (weighted) loss and its gradients (into self.grads) over the local batch; returns the
         row count, or with row weights their sum."""
-        self.optimizer.zero_grad(set_to_none=False)
+        self.model.zero_grad(set_to_none=False)  # the model's gradients (a sharded optimizer holds a slice's)
         if not xb.shape[0]:
             return 0.0
         yb, wb = split_targets(targets)
@@ -256,6 +289,10 @@ class Trainer:
         # A step where no rank has rows (tiny blocks, small batches), or only rows of weight 0, has zero
         # gradients everywhere: it exchanges zeros, not 0/0.
         total = float(self.global_batch[s_in_epoch])
+        if self.sharded is not None:  # only this rank's slice of the mean gradient comes back
+            payload, wire = self.sharded.exchange(total if total > 0 else 1.0)
+            self.traffic += torch.tensor([payload, wire], dtype=torch.float64)
+            return
         contribution = torch.cat([g.reshape(-1) for g in self.grads]) / (total if total > 0 else 1.0)
         exchanged = self.compressor.exchange(to_collective(self.coll, contribution), self.step_count)
         self.traffic += torch.tensor([exchanged.payload_bytes, exchanged.wire_bytes], dtype=torch.float64)
@@ -350,11 +387,20 @@ class Trainer:
         self.beat.at(step, "checkpoint")
         checkpoint.write(
             cfg.checkpoint.dir, rank=self.rank, step=step, keep=cfg.checkpoint.keep,
-            barrier=lambda: self.coll.allreduce_sum(torch.zeros(1)), model=self.model, optimizer=self.optimizer,
-            scheduler=self.schedule, history=self.history,
+            barrier=lambda: self.coll.allreduce_sum(torch.zeros(1)), model=self.model,
+            optimizer=self.optimizer_state(), scheduler=self.schedule, history=self.history,
             rank_state={**self.compressor.state(), "epoch_stats": self.epoch_stats, "traffic": self.traffic,
                         **({"best_params": self.best_params} if self.best_params is not None else {})},
+            zero=None if self.sharded is None else (
+                {"num_params": self.sharded.layout.num_params, "num_shards": self.sharded.layout.num_shards},
+                self.sharded.index, self.sharded.state()),
         )
+
+    def optimizer_state(self) -> dict:
+        """What the checkpoint's state file holds of the optimizer: all of it, or with shard=optimizer only its
+        settings (each rank writes its slice's tensors to its own `zero-K` file)."""
+        state = self.optimizer.state_dict()
+        return state if self.sharded is None else {"state": {}, "param_groups": state["param_groups"]}
 
     def diverged(self, what: str) -> TrainingDiverged:
         cfg = self.cfg

@@ -21,10 +21,12 @@ import pyarrow as pa
 import torch
 
 from blocksync.engine.comm.collectives import Collective, Rendezvous, start_collective
+from blocksync.engine.comm.sharding import state_bytes as optimizer_bytes
 from blocksync.engine.last_words import StderrRelay
 from blocksync.engine.models import state_bytes
 from blocksync.engine.plan import WorkerPlan
 from blocksync.engine.progress import Heartbeat
+from blocksync.engine.worker.anon_memory import AnonPeak, status_mb
 from blocksync.engine.worker.block_data import batch_arrays, split_targets
 from blocksync.engine.worker.block_store import (
     Block,
@@ -115,6 +117,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
     beat = Heartbeat(plan.monitor_address, rank)
     relay = StderrRelay(plan.monitor_address, rank)  # a native abort's message reaches the driver
     finished, error, kind = False, None, "runtime"
+    anon = AnonPeak()
     try:
         threads = cfg.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
         torch.set_num_threads(threads)
@@ -144,7 +147,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
                 train_seconds = trainer.run()
                 if trainer.first_step_done_at is not None:
                     clock.stamps["first_step"] = trainer.first_step_done_at
-                facts.update(train_seconds=train_seconds, startup_phases=clock.phases())
+                facts.update(train_seconds=train_seconds, startup_phases=clock.phases(), peak_anon_mb=anon.stop())
                 yield from _results(trainer, ctx, facts)
                 finished = True
             except Exception as err:  # not GeneratorExit: Spark closing the iterator is no error of ours
@@ -159,6 +162,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         error, kind = f"{type(err).__name__}: {err}", error_kind(err)
         raise
     finally:
+        anon.stop()
         beat.close(done=finished, error=error, kind=kind)
         relay.close()
 
@@ -271,14 +275,7 @@ def reset_peak_rss() -> None:
 
 def peak_rss_mb() -> float | None:
     """This process's peak resident memory since `reset_peak_rss` (VmHWM), as the OS counts it."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    return status_mb("VmHWM")
 
 
 def _agree_and_connect(plan: WorkerPlan, ctx: Any, num_rows: int, problem: str) -> tuple[Collective, list[int]]:
@@ -322,6 +319,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "bytes_sent": float(trainer.traffic[1]),
         "payload_bytes": float(trainer.traffic[0]),
         "num_params": trainer.num_params,
+        "optimizer_bytes": optimizer_bytes(trainer.optimizer),
         "step_timings": trainer.timings[trainer.first_step:trainer.step_count].round(7).tolist(),
         "history": trainer.history if rank == 0 else [],
         "digest": params_digest(trainer.model),
