@@ -241,6 +241,13 @@ class TrainConfig:
     compression: Compression = "none"
     """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback),
     powersgd (low-rank, error feedback; all-reduced, so its bytes per rank do not grow with workers)."""
+    overlap: bool = False
+    """Gradient sync in buckets whose all-reduces start during backward, as each bucket's gradients are
+    ready (`engine.comm.buckets`); the buckets are cut from the parameters' order and sizes, so results
+    stay bitwise reproducible. Needs sync=gradients, backend horovod or torch_gloo, and compression
+    none or fp16. Off by default: on the CPU it measured no faster (benchmarks/results/bigmodel.md)."""
+    bucket_mb: float = 4.0
+    """With overlap: the size (MiB of float32 gradients) at which a bucket closes."""
     topk_ratio: float = 0.01
     """Share of gradient entries each rank sends per step with compression=topk."""
     powersgd_rank: int = 4
@@ -297,6 +304,22 @@ class TrainConfig:
             )
         if self.faults.slow_rank is not None and self.faults.slow_rank >= self.num_workers:
             raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        _positive("bucket_mb", self.bucket_mb)
+        if not self.overlap:
+            return
+        if self.sync != "gradients":
+            raise ValueError("overlap=true overlaps the gradient all-reduce with backward, and sync='parameters' "
+                             "averages parameters after steps: set overlap=false or sync=gradients.")
+        if self.backend == "spark":
+            raise ValueError("overlap=true needs an asynchronous all-reduce, and backend='spark' blocks in "
+                             "BarrierTaskContext.allGather: set overlap=false or backend=horovod or torch_gloo.")
+        if self.compression not in ("none", "fp16"):
+            raise ValueError(f"overlap=true reduces each bucket on its own, and compression={self.compression!r} "
+                             "compresses the whole gradient at once (its selection and error feedback span every "
+                             "bucket): set overlap=false or compression=none or fp16.")
 
     def _check_choices_and_ranges(self) -> None:
         _choice("backend", self.backend, BACKENDS)
