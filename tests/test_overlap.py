@@ -80,3 +80,12 @@ def test_overlap_refuses_what_cannot_run_per_bucket(settings, message):
 def test_bucket_size_must_be_positive():
     with pytest.raises(ValueError, match=r"bucket_mb=0 must be > 0"):
         TrainConfig(overlap=True, bucket_mb=0)
+
+
+def test_the_spark_ml_params_reach_the_train_config():
+    from blocksync.ml import BlockSyncClassifier
+
+    cfg = BlockSyncClassifier(overlap=True, bucketMb=2.0, backend="torch_gloo").train_config("classification")
+    assert (cfg.overlap, cfg.bucket_mb, cfg.backend) == (True, 2.0, "torch_gloo")
+    with pytest.raises(ValueError, match=r"backend='spark' blocks"):
+        BlockSyncClassifier(overlap=True, backend="spark").train_config("classification")
