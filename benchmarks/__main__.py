@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.common import SettingError
 
-BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "memory",
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "horovod_env", "compression", "peers", "bigmodel", "memory",
               "memory_limit", "scoring", "model_selection", "accuracy", "demo", "netcluster", "scaling")
 NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "memory", "scoring",
                "model_selection", "accuracy")
