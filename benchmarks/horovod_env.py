@@ -7,7 +7,9 @@ environment of the JVM, so each variant runs in its own child process with its o
 (`python -m benchmarks.horovod_env --child NAME`), torch_gloo measured again in each as the baseline.
 
 Per variant: the steady step period (median, as in `throughput`), rank 0's compute p50 and sync p50,
-and horovod's samples/s over torch_gloo's from the same child.
+horovod's samples/s over torch_gloo's from the same child, and where the workers' CPU went: the CPU
+seconds of the Python workers' main threads (the training loop) and of all their other threads
+(Horovod's background thread, Gloo's threads), read from /proc by `ThreadCpu` every 0.2 s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,51 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+class ThreadCpu:
+    """CPU seconds of every PySpark worker process's threads while it runs: main threads and the rest."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.first: dict[tuple[int, int], float] = {}
+        self.last: dict[tuple[int, int], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
+                    continue
+                for t in proc.threads():
+                    key = (proc.pid, t.id)
+                    self.first.setdefault(key, t.user_time + t.system_time)
+                    self.last[key] = t.user_time + t.system_time
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def __enter__(self) -> ThreadCpu:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def seconds(self) -> dict[str, float]:
+        main = sum(self.last[k] - self.first[k] for k in self.last if k[0] == k[1])
+        other = sum(self.last[k] - self.first[k] for k in self.last if k[0] != k[1])
+        return {"main_cpu_s": main, "other_threads_cpu_s": other}
+
+
 def child() -> dict:
     from benchmarks.common import cached_blocks, steady_step_seconds
     from benchmarks.data import synthetic
@@ -46,11 +93,12 @@ def child() -> dict:
         samples: dict[str, list[dict]] = {"torch_gloo": [], "horovod": []}
         for _ in range(REPETITIONS):
             for backend in samples:  # alternating
-                result = train_blocks(spark, blocks, info, config(WORKERS, backend))
+                with ThreadCpu() as cpu:
+                    result = train_blocks(spark, blocks, info, config(WORKERS, backend))
                 timing = result.metrics["timing"]["0"]
                 samples[backend].append({"step_ms": 1e3 * steady_step_seconds(result, WARMUP),
                                          "compute_p50_ms": timing["compute_p50_ms"],
-                                         "sync_p50_ms": timing["sync_p50_ms"]})
+                                         "sync_p50_ms": timing["sync_p50_ms"], **cpu.seconds()})
         return {b: {k: median([o[k] for o in outs]) for k in outs[0]} for b, outs in samples.items()}
     finally:
         spark.stop()
@@ -70,12 +118,14 @@ def run(spark) -> dict:
         rows.append(row)
     lines = [f"# Horovod settings against torch_gloo in training ({WORKERS} workers, medians of {REPETITIONS})", "",
              "| variant | torch_gloo step | horovod step | horovod / torch_gloo samples/s | compute p50 (gloo, hvd) "
-             "| sync p50 (gloo, hvd) |", "| --- | --- | --- | --- | --- | --- |"]
+             "| sync p50 (gloo, hvd) | workers' CPU s, main threads (gloo, hvd) | other threads (gloo, hvd) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         g, h = r["torch_gloo"], r["horovod"]
         lines.append(f"| {r['variant']} | {g['step_ms']:.1f} ms | {h['step_ms']:.1f} ms | "
                      f"{r['horovod_over_torch_gloo']:.2f} | {g['compute_p50_ms']:.1f}, {h['compute_p50_ms']:.1f} ms | "
-                     f"{g['sync_p50_ms']:.1f}, {h['sync_p50_ms']:.1f} ms |")
+                     f"{g['sync_p50_ms']:.1f}, {h['sync_p50_ms']:.1f} ms | {g['main_cpu_s']:.1f}, "
+                     f"{h['main_cpu_s']:.1f} | {g['other_threads_cpu_s']:.1f}, {h['other_threads_cpu_s']:.1f} |")
     payload = {"rows": rows, "workers": WORKERS, "repetitions": REPETITIONS}
     write("horovod_env", payload, "\n".join(lines) + "\n")
     return payload
