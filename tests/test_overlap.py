@@ -89,3 +89,23 @@ def test_the_spark_ml_params_reach_the_train_config():
     assert (cfg.overlap, cfg.bucket_mb, cfg.backend) == (True, 2.0, "torch_gloo")
     with pytest.raises(ValueError, match=r"backend='spark' blocks"):
         BlockSyncClassifier(overlap=True, backend="spark").train_config("classification")
+
+
+def test_backend_auto_chooses_by_the_measured_rule_and_says_why():
+    from blocksync.engine.driver.backend_choice import choose_backend
+
+    assert choose_backend(0, "auto", horovod_nccl=True) == (
+        "torch_gloo", "CPU tasks: torch_gloo trains faster than Horovod on the CPU (benchmarks/README.md)")
+    assert choose_backend(1, "auto", horovod_nccl=True)[0] == "horovod"
+    assert choose_backend(1, "cpu", horovod_nccl=True)[0] == "torch_gloo"  # GPUs assigned, training on the CPU
+    backend, reason = choose_backend(1, "cuda", horovod_nccl=False)
+    assert backend == "torch_gloo" and "no Horovod built with NCCL" in reason
+
+
+def test_backend_auto_is_resolved_before_launch_and_recorded(spark, blobs, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="blocksync.engine.driver.backend_choice")
+    result = train(spark, blobs, small_config("auto", "adam", epochs=1, overlap=True))
+    assert result.metrics["backend"] == "torch_gloo"  # local[4] has no GPUs
+    assert "backend=auto chose torch_gloo: CPU tasks" in caplog.text

@@ -53,7 +53,7 @@ _INT, _FLOAT, _STR = TypeConverters.toInt, TypeConverters.toFloat, TypeConverter
 TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     # Param name: (TrainConfig field, converter, doc)
     "numWorkers": ("num_workers", _INT, "number of blocks and barrier tasks (one rank each)"),
-    "backend": ("backend", _STR, "collective: horovod, torch_gloo or spark"),
+    "backend": ("backend", _STR, "collective: horovod, torch_gloo, spark or auto (chosen before launch)"),
     "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory or disk"),
     "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
     "sync": ("sync", _STR, "gradients (all-reduce every step) or parameters (average every syncEvery steps)"),
