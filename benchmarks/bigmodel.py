@@ -134,7 +134,7 @@ def run(spark) -> dict:
     rows = [{"contender": name, **{k: median([o[k] for o in outs]) for k in outs[0]}, "repetitions": len(outs)}
             for name, outs in samples.items()]
     by_name = {r["contender"]: r for r in rows}
-    default = "blocksync horovod, overlap off"  # TrainConfig's defaults: backend horovod, overlap off
+    default = "blocksync horovod, overlap on"  # TrainConfig's defaults: backend horovod, overlap on (null)
     ratios = {
         f"horovod / torch_gloo samples/s, overlap {o}": by_name[f"blocksync horovod, overlap {o}"]["samples_per_sec"]
         / by_name[f"blocksync torch_gloo, overlap {o}"]["samples_per_sec"] for o in ("off", "on")}

@@ -154,3 +154,15 @@ def test_overlapped_buckets_equal_the_flat_all_reduce(tmp_path, size):
         assert torch.equal(flat, bucketed)
     else:  # the ring's chunk boundaries move with the bucket cut: float32 rounding only
         assert torch.allclose(flat, bucketed, rtol=1e-6, atol=1e-7)
+
+
+def test_a_frozen_parameter_has_no_hook_and_does_not_hold_its_bucket_back():
+    model, params, grads = model_with_grads()
+    params[0].requires_grad_(False)  # the first layer's weight: in the last bucket
+    coll = RecordingCollective()
+    buckets = GradientBuckets(coll, params, grads, bucket_mb=150 / 2**20)
+    buckets.arm(24.0)
+    local_loss(model, 0).backward()
+    assert coll.started == [f"bucket{b}" for b in range(len(buckets.buckets))]  # all started during backward
+    buckets.finish()
+    assert not grads[0].any()  # the frozen weight's gradient stayed zero

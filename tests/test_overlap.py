@@ -38,13 +38,14 @@ def test_overlap_equals_single_process_training_and_repeats_bitwise(spark, blobs
     again = train(spark, blobs, cfg)  # 4 workers on a ring: the same buckets, the same bits
     assert max_param_diff(result.model, again.model) == 0.0
     assert again.history == result.history
-    flat = train(spark, blobs, small_config(backend, "adam"))
+    flat = train(spark, blobs, small_config(backend, "adam", overlap=False))
     assert result.metrics["bytes_sent"] == flat.metrics["bytes_sent"]  # the same bytes, in buckets
+    assert (result.metrics["overlap"], flat.metrics["overlap"]) == (True, False)
 
 
 @pytest.mark.parametrize("backend,compression", [("torch_gloo", "none"), ("horovod", "none"), ("torch_gloo", "fp16")])
 def test_overlap_at_two_workers_is_the_flat_path_bitwise(spark, blobs, backend, compression):
-    cfg = small_config(backend, "sgd_momentum", num_workers=2, compression=compression)
+    cfg = small_config(backend, "sgd_momentum", num_workers=2, compression=compression, overlap=False)
     flat = train(spark, blobs, cfg)
     overlapped = train(spark, blobs, TrainConfig(**{**cfg.to_dict(), "overlap": True, "bucket_mb": SMALL_BUCKETS}))
     assert max_param_diff(flat.model, overlapped.model) == 0.0
@@ -73,8 +74,14 @@ def test_overlap_relaunched_from_a_checkpoint_ends_bitwise_identical(spark, tmp_
     ({"sync": "parameters", "sync_every": 2}, r"sync='parameters' averages parameters after steps: set overlap=false"),
 ])
 def test_overlap_refuses_what_cannot_run_per_bucket(settings, message):
+    assert not TrainConfig(**settings).overlaps  # the default (null) leaves it off there, and says so in metrics
     with pytest.raises(ValueError, match=message):
         TrainConfig(overlap=True, **settings)
+
+
+def test_overlap_is_on_by_default_where_it_can_run():
+    assert TrainConfig().overlaps and TrainConfig(compression="fp16").overlaps
+    assert not TrainConfig(overlap=False).overlaps
 
 
 def test_bucket_size_must_be_positive():
@@ -106,6 +113,7 @@ def test_backend_auto_is_resolved_before_launch_and_recorded(spark, blobs, caplo
     import logging
 
     caplog.set_level(logging.INFO, logger="blocksync.engine.driver.backend_choice")
-    result = train(spark, blobs, small_config("auto", "adam", epochs=1, overlap=True))
+    result = train(spark, blobs, small_config("auto", "adam", epochs=1))
     assert result.metrics["backend"] == "torch_gloo"  # local[4] has no GPUs
+    assert result.metrics["overlap"] is True  # the default: on wherever it can run
     assert "backend=auto chose torch_gloo: CPU tasks" in caplog.text

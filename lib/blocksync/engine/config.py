@@ -244,11 +244,13 @@ class TrainConfig:
     compression: Compression = "none"
     """Gradient compression: none, fp16, topk (with error feedback), int8 (stochastic, error feedback),
     powersgd (low-rank, error feedback; all-reduced, so its bytes per rank do not grow with workers)."""
-    overlap: bool = False
+    overlap: bool | None = None
     """Gradient sync in buckets whose all-reduces start during backward, as each bucket's gradients are
     ready (`engine.comm.buckets`); the buckets are cut from the parameters' order and sizes, so results
-    stay bitwise reproducible. Needs sync=gradients, backend horovod or torch_gloo, and compression
-    none or fp16. Off by default: on the CPU it measured no faster (benchmarks/results/bigmodel.md)."""
+    stay bitwise reproducible. It runs with sync=gradients, backend horovod or torch_gloo, compression
+    none or fp16. None (default): on wherever it can run (it measured faster on the CPU on both
+    backends, benchmarks/results/bigmodel.md), off elsewhere; true: on, refusing a setting it cannot
+    run with; false: off. metrics.json `overlap` says whether it ran (`overlaps`)."""
     bucket_mb: float = 4.0
     """With overlap: the size (MiB of float32 gradients) at which a bucket closes."""
     topk_ratio: float = 0.01
@@ -308,6 +310,13 @@ class TrainConfig:
         if self.faults.slow_rank is not None and self.faults.slow_rank >= self.num_workers:
             raise ValueError(f"faults.slow_rank={self.faults.slow_rank} but num_workers={self.num_workers}.")
         self._check_overlap()
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the gradient buckets are overlapped with backward in this run (`overlap` resolved)."""
+        if self.overlap is not None:
+            return self.overlap
+        return self.sync == "gradients" and self.backend != "spark" and self.compression in ("none", "fp16")
 
     def _check_overlap(self) -> None:
         _positive("bucket_mb", self.bucket_mb)

@@ -80,8 +80,8 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "mixedPrecision": ("mixed_precision", _STR, "none or bf16"),
     "threadsPerWorker": ("threads_per_worker", _optional(_INT), "torch threads per worker; None: spark.task.cpus"),
     "compression": ("compression", _STR, "gradient compression: none, fp16, topk or int8"),
-    "overlap": ("overlap", TypeConverters.toBoolean,
-                "all-reduce gradient buckets during backward (horovod, torch_gloo; compression none or fp16)"),
+    "overlap": ("overlap", _optional(TypeConverters.toBoolean), "all-reduce gradient buckets during backward "
+                "(horovod, torch_gloo; compression none or fp16); None: wherever it can run"),
     "bucketMb": ("bucket_mb", _FLOAT, "with overlap: MiB of gradients at which a bucket closes"),
     "topkRatio": ("topk_ratio", _FLOAT, "share of entries sent with compression=topk"),
     "powersgdRank": ("powersgd_rank", _INT, "rank of each matrix's approximation with compression=powersgd"),

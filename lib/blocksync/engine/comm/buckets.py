@@ -87,7 +87,10 @@ class GradientBuckets:
         self.armed = False
         self.ready = [0] * len(self.buckets)
         self.pending: list[PendingReduce] = []
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(params)]
+        # A frozen parameter gets no hook (torch refuses one) and never counts: its zeros go with its bucket.
+        self.expected = [sum(params[i].requires_grad for i in members) for members in self.buckets]
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook_for(i))
+                        for i, p in enumerate(params) if p.requires_grad]
 
     def _hook_for(self, index: int) -> Any:
         def hook(_param: torch.Tensor) -> None:
@@ -108,7 +111,7 @@ class GradientBuckets:
         (after backward): start every remaining one, waiting for the oldest in flight where needed."""
         while len(self.pending) < len(self.buckets):
             b = len(self.pending)
-            if not force and self.ready[b] < len(self.buckets[b]):
+            if not force and self.ready[b] < self.expected[b]:
                 return
             in_flight = [p for p in self.pending if not p.finished]
             if len(in_flight) >= self.max_in_flight:

@@ -125,7 +125,7 @@ class Trainer:
                                           topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank, seed=cfg.seed)
         # train.overlap: bucket all-reduces started by autograd hooks during backward (see `sync`).
         self.buckets = GradientBuckets(coll, params, self.grads, bucket_mb=cfg.bucket_mb,
-                                       fp16=cfg.compression == "fp16") if cfg.overlap else None
+                                       fp16=cfg.compression == "fp16") if cfg.overlaps else None
         self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
         self.history: list[dict[str, float]] = []
         self.step_count = 0
