@@ -49,7 +49,8 @@ class ThreadCpu:
 
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
+                # Python workers run `-m blocksync.daemon pyspark.worker` (or pyspark's own daemon).
+                if not {"pyspark.worker", "pyspark.daemon"} & set(proc.info["cmdline"] or []):
                     continue
                 for t in proc.threads():
                     key = (proc.pid, t.id)
