@@ -14,9 +14,10 @@ from pathlib import Path
 
 from benchmarks.common import SettingError
 
-BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
-              "model_selection", "accuracy", "demo", "netcluster", "scaling", "sharding", "sharding_limit")
-NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring",
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "horovod_env", "compression", "peers", "bigmodel", "memory",
+              "memory_limit", "scoring", "model_selection", "accuracy", "demo", "netcluster", "scaling", "sharding",
+              "sharding_limit")
+NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "memory", "scoring",
                "model_selection", "accuracy", "sharding")
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,9 @@ def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "unknown benchmark(s) nope; available: allreduce, throughput, horovod_profile, compression, peers, memory, "
-        "memory_limit, scoring, model_selection, accuracy, demo, netcluster, scaling, sharding, sharding_limit")
+        "unknown benchmark(s) nope; available: allreduce, throughput, horovod_profile, horovod_env, compression, "
+        "peers, bigmodel, memory, memory_limit, scoring, model_selection, accuracy, demo, netcluster, scaling, "
+        "sharding, sharding_limit")
 
 
 def test_bench_refuses_a_setting_a_benchmark_cannot_use_before_starting_spark(monkeypatch, capsys):

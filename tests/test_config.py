@@ -46,7 +46,7 @@ CASES = [
      "unknown key 'train.epocs'; did you mean 'train.epochs'?"),
     ("wrong type", "", ["train.epochs=ten"], "'train.epochs' must be an integer, got 'ten'"),
     ("bad choice", "", ["train.backend=mpi"],
-     "'train.backend' must be one of 'horovod', 'torch_gloo', 'spark', got 'mpi'"),
+     "'train.backend' must be one of 'horovod', 'torch_gloo', 'spark', 'auto', got 'mpi'"),
     ("bad block source", "", ["train.blocks=hash"],
      "'train.blocks' must be one of 'auto', 'shuffle', 'files', got 'hash'"),
     ("out of range", "", ["train.lr=-1"], "lr=-1.0 must be > 0."),

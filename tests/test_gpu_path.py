@@ -52,6 +52,7 @@ def test_fake_gpus_one_per_task_and_cpu_fallback(tmp_path):
     assert len(report["executors"]) == 1
     assert sorted(g for gpus in report["gpus"] for g in gpus) == ["0", "1", "2", "3"]  # one distinct GPU per task
     assert report["devices"] == ["cpu"] * 4  # this torch has no CUDA
+    assert len(set(report["digests"])) == 1  # trained with overlap on: the replicas stayed identical
     assert all(w and "CUDA is unavailable; training on CPU" in w for w in report["warnings"])
     assert "device='cuda' was requested but CUDA is not available" in report["demanded_cuda"]
 

@@ -16,7 +16,8 @@ def job(spark: SparkSession) -> dict:
     x = rng.normal(size=(400, 8)).astype(np.float32) + labels[:, None]
     df = spark.createDataFrame(pd.DataFrame({"features": list(x), "label": labels}))
     common = dict(num_workers=4, backend="torch_gloo", epochs=1, batch_size=50, model=ModelSpec(name="logreg"))
-    auto = train(spark, df, TrainConfig(**common, device="auto"))
+    # overlap: the bucketed path (its own CUDA stream, pinned staging for Gloo where CUDA works) runs too.
+    auto = train(spark, df, TrainConfig(**common, device="auto", overlap=True, bucket_mb=16 / 2**20))
     try:
         train(spark, df, TrainConfig(**common, device="cuda"))
         demanded = "no error"
@@ -27,6 +28,7 @@ def job(spark: SparkSession) -> dict:
         "devices": [s["device"] for s in auto.rank_summaries],
         "warnings": [s["device_warning"] for s in auto.rank_summaries],
         "executors": sorted({s["task_address"] for s in auto.rank_summaries}),
+        "digests": [s["digest"] for s in auto.rank_summaries],
         "demanded_cuda": demanded,
     }
 

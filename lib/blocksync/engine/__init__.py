@@ -5,7 +5,7 @@
   assemble the result (`launcher`), and the run's metrics.
 - `worker/`: what each barrier task runs: load its block (`block_store`, `shard_reader`), start up,
   and the BSP loop (`trainer`); the step-by-step protocol is in `worker.worker`.
-- `comm/`: the collectives (horovod, torch_gloo, spark) and gradient compression.
+- `comm/`: the collectives (horovod, torch_gloo, spark), gradient buckets and compression.
 - this folder: the definitions both sides use (`config`, `plan`, `errors`, `models`, `losses`,
   `optim`, `inputs`, `checkpoint`, and `progress`/`last_words`, the worker-to-driver reports).
 

@@ -53,7 +53,7 @@ _INT, _FLOAT, _STR = TypeConverters.toInt, TypeConverters.toFloat, TypeConverter
 TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     # Param name: (TrainConfig field, converter, doc)
     "numWorkers": ("num_workers", _INT, "number of blocks and barrier tasks (one rank each)"),
-    "backend": ("backend", _STR, "collective: horovod, torch_gloo or spark"),
+    "backend": ("backend", _STR, "collective: horovod, torch_gloo, spark or auto (chosen before launch)"),
     "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory or disk"),
     "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
     "sync": ("sync", _STR, "gradients (all-reduce every step) or parameters (average every syncEvery steps)"),
@@ -82,6 +82,9 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     "shard": ("shard", _STR, "none (every rank holds the whole optimizer state) or optimizer (ZeRO stage 1: each "
               "rank holds and steps 1/numWorkers of it)"),
     "compression": ("compression", _STR, "gradient compression: none, fp16, topk or int8"),
+    "overlap": ("overlap", _optional(TypeConverters.toBoolean), "all-reduce gradient buckets during backward "
+                "(horovod, torch_gloo; compression none or fp16); None: wherever it can run"),
+    "bucketMb": ("bucket_mb", _FLOAT, "with overlap: MiB of gradients at which a bucket closes"),
     "topkRatio": ("topk_ratio", _FLOAT, "share of entries sent with compression=topk"),
     "powersgdRank": ("powersgd_rank", _INT, "rank of each matrix's approximation with compression=powersgd"),
     "checkpoint": ("checkpoint", _dict_of(CheckpointSettings), "{'dir': URI, 'every_steps': N, 'keep': K}"),

@@ -3,10 +3,10 @@
 Every backend offers the same operations on a flat float32 tensor:
 `allreduce_sum`, `broadcast` from a root, `allgather` (every rank's tensor, in
 rank order: what the top-k and int8 compression modes exchange, and the
-replicas' digest check), and `close`. The training loop fuses
-all gradients, each already divided by the step's global batch size, into one
-buffer per step, so each step is exactly one collective call whatever the
-number of parameters.
+replicas' digest check), `start_allreduce` (asynchronous, for the overlapped
+buckets of `comm.buckets`), and `close`. Without `train.overlap` the training loop
+fuses all gradients, each already divided by the step's global batch size, into
+one buffer per step: one collective call whatever the number of parameters.
 
 How each backend starts (bootstrap through barrier primitives only): `start_collective`.
 """
@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -92,8 +93,28 @@ def interface_for(address: str, configured: str | None, peers: list[str] | None 
     )
 
 
+class PendingReduce:
+    """An all-reduce in flight: `finished` asks without blocking, `wait()` returns the sum (once done,
+    again the same tensor)."""
+
+    def __init__(self, poll: Callable[[], bool], wait: Callable[[], torch.Tensor]) -> None:
+        self._poll, self._wait = poll, wait
+        self._result: torch.Tensor | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self._result is not None or self._poll()
+
+    def wait(self) -> torch.Tensor:
+        if self._result is None:
+            self._result = self._wait()
+        return self._result
+
+
 class Collective(ABC):
     name: str = ""
+    overlap_in_flight: int | None = None
+    """How many overlapped bucket all-reduces may be in flight at once (None: any number)."""
     device_tensors: bool = False
     """Whether CUDA tensors can go to the collective as they are (Horovod built with NCCL);
     otherwise the worker stages them through host memory for Gloo."""
@@ -113,6 +134,12 @@ class Collective(ABC):
         The sum may be written into `flat` itself (torch_gloo and horovod
         reduce in place): pass a buffer you no longer need.
         """
+
+    def start_allreduce(self, flat: torch.Tensor, fp16: bool = False, tag: str = "") -> PendingReduce:
+        """`allreduce_sum` started without waiting; `tag` names it among those in flight together.
+        This default runs it at once (a backend without asynchronous collectives)."""
+        total = self.allreduce_sum(flat, fp16)
+        return PendingReduce(lambda: True, lambda: total)
 
     @abstractmethod
     def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -295,6 +322,15 @@ class TorchGlooCollective(Collective):
         self._dist.all_reduce(buf, op=self._dist.ReduceOp.SUM)
         return buf.float() if fp16 else buf
 
+    def start_allreduce(self, flat: torch.Tensor, fp16: bool = False, tag: str = "") -> PendingReduce:
+        buf = flat.half() if fp16 else flat
+        work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.SUM, async_op=True)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return buf.float() if fp16 else buf
+        return PendingReduce(work.is_completed, wait)
+
     def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
         # Into one output tensor: a list of parts and their concatenation would hold the result twice.
         out = torch.empty(self.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
@@ -345,6 +381,9 @@ def import_horovod() -> Any:
 
 class HorovodCollective(Collective):
     name = "horovod"
+    # Horovod fuses tensors that are ready in the same cycle into one buffer: with two buckets in
+    # flight, where a ring's chunk boundaries fall (so the summation order) would depend on timing.
+    overlap_in_flight = 1
 
     def __init__(
         self, ctx: Coordinator, rendezvous: Rendezvous, *, timeout_seconds: int, interface: str | None,
@@ -406,6 +445,15 @@ class HorovodCollective(Collective):
         name = f"blocksync.sum.{flat.numel()}.{flat.dtype}.{int(fp16)}"
         self._wait(self._hvd.allreduce_async_(buf, op=self._op, name=name))
         return buf.float() if fp16 else buf
+
+    def start_allreduce(self, flat: torch.Tensor, fp16: bool = False, tag: str = "") -> PendingReduce:
+        buf = flat.half() if fp16 else flat
+        handle = self._hvd.allreduce_async_(buf, op=self._op, name=f"blocksync.{tag}.{flat.numel()}.{int(fp16)}")
+
+        def wait() -> torch.Tensor:
+            self._wait(handle)
+            return buf.float() if fp16 else buf
+        return PendingReduce(lambda: bool(self._hvd.poll(handle)), wait)
 
     def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
         name = f"blocksync.gather.{tensor.numel()}.{tensor.dtype}"

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from blocksync.engine import checkpoint
 from blocksync.engine.comm.collectives import HOROVOD_DEFAULT_FUSION_MB, import_horovod
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.driver.backend_choice import resolve_backend
 from blocksync.engine.driver.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.driver.input_columns import resolve_inputs
 from blocksync.engine.driver.metrics import run_metrics
@@ -307,6 +308,7 @@ def train_blocks(
        barrier stage, so the driver relaunches it up to `max_restarts` times, each
        time resuming from the newest checkpoint; user errors are not retried.
     """
+    config = resolve_backend(spark, config)
     num_partitions = blocks.rdd.getNumPartitions() if not is_connect(spark) else None
     if num_partitions is not None and num_partitions != config.num_workers:
         raise ValueError(

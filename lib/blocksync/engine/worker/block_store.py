@@ -226,17 +226,20 @@ class DiskBlock:
 
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
-        xb = np.empty((len(rows), self.num_features), dtype=np.float32)
-        ib = np.empty((len(rows), self.id_width), dtype=np.int64)
-        yb = np.empty((len(rows), *self.target_shape), dtype=np.float64)
+        # Training on a GPU: the batch is gathered into pinned memory, so its copy to the device can be
+        # non-blocking (the pinned allocator keeps each buffer until its copy is done).
+        pinned = self.device.type == "cuda"
+        x_host = torch.empty((len(rows), self.num_features), dtype=torch.float32, pin_memory=pinned)
+        i_host = torch.empty((len(rows), self.id_width), dtype=torch.int64, pin_memory=pinned)
+        y_host = torch.empty((len(rows), *self.target_shape), dtype=torch.float64, pin_memory=pinned)
+        xb, ib, yb = x_host.numpy(), i_host.numpy(), y_host.numpy()
         if len(rows):
             if self.num_features:
                 self._gather(self._files[0], rows, xb, 4 * self.num_features)
             if self.id_width:
                 self._gather(self._files[2], rows, ib, 8 * self.id_width)
             self._gather(self._files[1], rows, yb, yb.itemsize * max(1, yb[0].size))
-        return (torch.from_numpy(xb).to(self.device), torch.from_numpy(ib).to(self.device),
-                torch.from_numpy(yb).to(self.device))
+        return tuple(t.to(self.device, non_blocking=True) for t in (x_host, i_host, y_host))  # type: ignore[return-value]
 
     def weights(self) -> torch.Tensor:
         """Every row's weight (8 bytes a row in memory), for the per-step weight sums; rows of

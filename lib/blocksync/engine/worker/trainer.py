@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from blocksync.engine import checkpoint
+from blocksync.engine.comm.buckets import GradientBuckets
 from blocksync.engine.comm.collectives import Collective, to_collective
 from blocksync.engine.comm.compression import make_compressor
 from blocksync.engine.comm.sharding import ShardedOptimizer
@@ -81,9 +82,10 @@ class Trainer:
       global batch size (known to every rank before the step: the driver fixed the
       steps per epoch and every rank knows every block size) and exchanges the
       flat buffer, so every rank receives the global batch's mean gradient and
-      takes the identical step. `parameters` mode steps on the local mean gradient
-      and every `sync_every` steps sets the sample-weighted mean of the replicas'
-      parameters (local SGD).
+      takes the identical step. With `overlap` the same happens per bucket, started
+      during backward (`comm.buckets.GradientBuckets`); `sync` waits for them.
+      `parameters` mode steps on the local mean gradient and every `sync_every`
+      steps sets the sample-weighted mean of the replicas' parameters (local SGD).
     - `end_epoch()`: one small all-reduce makes the epoch's loss and accuracy
       global; the result goes into the history. With validation rows, a second one
       sums every rank's loss and correct count on its held-out rows (eval mode, no
@@ -130,6 +132,9 @@ class Trainer:
             [[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
         self.compressor = make_compressor(cfg.compression, coll, [p.shape for p in self.model.parameters()],
                                           topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank, seed=cfg.seed)
+        # train.overlap: bucket all-reduces started by autograd hooks during backward (see `sync`).
+        self.buckets = GradientBuckets(coll, params, self.grads, bucket_mb=cfg.bucket_mb,
+                                       fp16=cfg.compression == "fp16") if cfg.overlaps else None
         self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
         self.history: list[dict[str, float]] = []
         self.step_count = 0
@@ -216,6 +221,8 @@ class Trainer:
         idx = order[lo:hi]
         xb, ib, yb = self.block.take(idx)
         t_compute = time.perf_counter()
+        if self.buckets is not None:
+            self.buckets.arm(float(self.global_batch[s_in_epoch]))
         count = self.compute(xb, ib, yb)
         if self.slow_seconds:
             time.sleep(self.slow_seconds)
@@ -288,6 +295,12 @@ class Trainer:
             return
         # A step where no rank has rows (tiny blocks, small batches), or only rows of weight 0, has zero
         # gradients everywhere: it exchanges zeros, not 0/0.
+        if self.buckets is not None:  # the buckets were divided and started during backward
+            done = self.buckets.finish()
+            self.traffic += torch.tensor([done.payload_bytes, done.wire_bytes], dtype=torch.float64)
+            if not done.finite:
+                raise self.diverged("the all-reduced gradient")
+            return
         total = float(self.global_batch[s_in_epoch])
         if self.sharded is not None:  # only this rank's slice of the mean gradient comes back
             payload, wire = self.sharded.exchange(total if total > 0 else 1.0)

@@ -1,0 +1,171 @@
+"""A bigger model on the same cores: blocksync per backend, overlap off and on, against its peers.
+
+The job: an MLP of 2.2 M parameters (128 -> 1024 x 3 -> 2), Adam lr 1e-3, global batch 512, one
+epoch over 131,072 rows of the synthetic task (benchmarks/data.py: its first file, cut into 4 equal
+Parquet shards once), 2 workers with one thread each. Contenders, alternating in every repetition:
+
+- blocksync `train_files` on backend horovod and torch_gloo, each with train.overlap off and on
+  (bucket_mb BUCKET_MB);
+- TorchDistributor (torchrun + DDP over Gloo: bucketed all-reduce overlapped with backward) and
+  horovod.spark.run (DistributedOptimizer), both running benchmarks/peer_fns.py on the same shards;
+- one process on the driver with 2 threads (the same cores), the rows in memory, the same loop.
+
+Wall time from the call to a trained model on the driver, everything included; blocksync rows also
+give the run's samples/s (training loop only) and sync share. The ratios the issue asks for: horovod
+over torch_gloo samples/s, blocksync's default over TorchDistributor, and over one process.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+from benchmarks.common import median, write
+from benchmarks.data import DATA, accuracy, load_numpy, synthetic
+
+HIDDEN = [1024, 1024, 1024]
+BATCH = 512
+WORKERS = 2
+LR = 1e-3
+SHARDS = 4
+BUCKET_MB = 1.0
+REPETITIONS = 2
+ONE_PROCESS = "one process, 2 threads, in memory"
+
+
+def shards() -> tuple[list[str], str]:
+    """The first training file of the synthetic data, cut once into SHARDS equal files; and the test file."""
+    data = synthetic()
+    folder = DATA / "bigmodel"
+    files = [str(folder / f"part-{i}.parquet") for i in range(SHARDS)]
+    if not all(Path(f).exists() for f in files):
+        folder.mkdir(parents=True, exist_ok=True)
+        table = pq.read_table(data.train_files[0])
+        rows = table.num_rows // SHARDS
+        for i, f in enumerate(files):
+            pq.write_table(table.slice(i * rows, rows), f + ".tmp")
+            Path(f + ".tmp").rename(f)
+    return files, data.test_file
+
+
+def blocksync_run(spark, files: list[str], backend: str, overlap: bool) -> dict[str, Any]:
+    from blocksync import ModelSpec, TrainConfig, train_files
+
+    cfg = TrainConfig(num_workers=WORKERS, backend=backend, epochs=1, batch_size=BATCH, optimizer="adam", lr=LR,
+                      seed=0, threads_per_worker=1, model=ModelSpec(name="mlp", hidden=HIDDEN), overlap=overlap,
+                      bucket_mb=BUCKET_MB)
+    start = time.perf_counter()
+    result = train_files(spark, files, cfg)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "state": result.model.state_dict(),
+            "samples_per_sec": result.metrics["samples_per_sec"], "sync_fraction": result.metrics["sync_fraction"]}
+
+
+def torch_distributor(spark, files: list[str]) -> dict[str, Any]:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from benchmarks.peer_fns import ddp_train
+
+    start = time.perf_counter()
+    state = TorchDistributor(num_processes=WORKERS, local_mode=False, use_gpu=False).run(
+        ddp_train, files, HIDDEN, 128, BATCH, 1, LR)
+    return {"seconds": time.perf_counter() - start, "state": _tensors(state)}
+
+
+def horovod_spark(spark, files: list[str]) -> dict[str, Any]:
+    import horovod.spark
+
+    from benchmarks.peer_fns import horovod_train
+
+    start = time.perf_counter()
+    states = horovod.spark.run(horovod_train, args=(files, HIDDEN, 128, BATCH, 1, LR), num_proc=WORKERS,
+                               use_gloo=True, nics=["lo"], start_timeout=120, verbose=0)
+    return {"seconds": time.perf_counter() - start, "state": _tensors(states[0])}
+
+
+def one_process(spark, files: list[str]) -> dict[str, Any]:
+    """The same loop in this process, on WORKERS threads: what the cores give without any distribution."""
+    from benchmarks.peer_fns import _epochs, _model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(WORKERS)
+    try:
+        start = time.perf_counter()
+        x, y = load_numpy(files)
+        model = _model(HIDDEN, 128)
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        _epochs(model, opt, torch.from_numpy(x), torch.from_numpy(y), batch=BATCH, epochs=1, seed=0, rank=0)
+        return {"seconds": time.perf_counter() - start, "state": model.state_dict()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _tensors(numpy_state: dict) -> dict:
+    return {k: torch.from_numpy(v) for k, v in numpy_state.items()}
+
+
+def contenders() -> dict[str, Any]:
+    named: dict[str, Any] = {}
+    for backend in ("horovod", "torch_gloo"):
+        for overlap in (False, True):
+            named[f"blocksync {backend}, overlap {'on' if overlap else 'off'}"] = (
+                lambda s, f, b=backend, o=overlap: blocksync_run(s, f, b, o))
+    named["TorchDistributor DDP (2 processes)"] = torch_distributor
+    named["horovod.spark.run (2 processes)"] = horovod_spark
+    named[ONE_PROCESS] = one_process
+    return named
+
+
+def run(spark) -> dict:
+    files, test_file = shards()
+    named = contenders()
+    samples: dict[str, list[dict]] = {name: [] for name in named}
+    for rep in range(REPETITIONS):
+        for name, fn in named.items():  # alternating
+            out = fn(spark, files)
+            out["accuracy"] = accuracy(out.pop("state"), test_file, HIDDEN)
+            samples[name].append(out)
+            print(f"rep {rep + 1}/{REPETITIONS} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in out.items()),
+                  flush=True)
+    rows = [{"contender": name, **{k: median([o[k] for o in outs]) for k in outs[0]}, "repetitions": len(outs)}
+            for name, outs in samples.items()]
+    by_name = {r["contender"]: r for r in rows}
+    default = "blocksync horovod, overlap on"  # TrainConfig's defaults: backend horovod, overlap on (null)
+    ratios = {
+        f"horovod / torch_gloo samples/s, overlap {o}": by_name[f"blocksync horovod, overlap {o}"]["samples_per_sec"]
+        / by_name[f"blocksync torch_gloo, overlap {o}"]["samples_per_sec"] for o in ("off", "on")}
+    for name in ("TorchDistributor DDP (2 processes)", ONE_PROCESS, "blocksync torch_gloo, overlap off"):
+        ratios[f"default time / {name}"] = by_name[default]["seconds"] / by_name[name]["seconds"]
+    for backend in ("horovod", "torch_gloo"):
+        ratios[f"{backend} overlap on / off time"] = (by_name[f"blocksync {backend}, overlap on"]["seconds"]
+                                                      / by_name[f"blocksync {backend}, overlap off"]["seconds"])
+    payload = {"rows": rows, "ratios": ratios, "parameters": sum(p.numel() for p in _model_params()),
+               "rows_trained": SHARDS * pq.ParquetFile(files[0]).metadata.num_rows, "batch": BATCH,
+               "workers": WORKERS, "bucket_mb": BUCKET_MB,
+               "method": f"median over {REPETITIONS} alternating repetitions, wall time from the call to the model"}
+    write("bigmodel", payload, _markdown(payload))
+    return payload
+
+
+def _model_params() -> list[torch.Tensor]:
+    from benchmarks.peer_fns import _model
+
+    return list(_model(HIDDEN, 128).parameters())
+
+
+def _markdown(p: dict) -> str:
+    lines = [f"# A bigger model: MLP 128 -> {' x '.join(map(str, HIDDEN))} -> 2 ({p['parameters']:,} parameters)", "",
+             f"{p['rows_trained']:,} synthetic rows, batch {p['batch']}, one epoch, {p['workers']} workers with one "
+             f"thread each; bucket_mb {p['bucket_mb']} with overlap on. {p['method']}.", "",
+             "| contender | time | samples/s (training loop) | sync share | accuracy |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in p["rows"]:
+        rate = f"{r['samples_per_sec']:,.0f}" if "samples_per_sec" in r else "-"
+        share = f"{r['sync_fraction']:.2f}" if "sync_fraction" in r else "-"
+        lines.append(f"| {r['contender']} | {r['seconds']:.1f} s | {rate} | {share} | {r['accuracy']:.4f} |")
+    lines += ["", "| ratio | value |", "| --- | --- |"] + [f"| {k} | {v:.2f} |" for k, v in p["ratios"].items()]
+    return "\n".join(lines) + "\n"
