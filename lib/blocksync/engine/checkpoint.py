@@ -109,12 +109,14 @@ class Snapshot:
     rng: torch.Tensor
     history: list[dict[str, float]]
     rank_state: dict[str, torch.Tensor]
+    balance: dict[str, Any] | None = None
+    """`balance: speed`'s measured speeds and hosts, so a relaunch cuts the same blocks; None: even."""
 
 
 def write(
     uri: str, *, rank: int, step: int, barrier: Any, keep: int, model: torch.nn.Module,
     optimizer: torch.optim.Optimizer, scheduler: Any, history: list[dict[str, float]],
-    rank_state: dict[str, torch.Tensor],
+    rank_state: dict[str, torch.Tensor], balance: dict[str, Any] | None = None,
 ) -> None:
     """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive.
 
@@ -147,7 +149,8 @@ def write(
     tensors["rng/torch"] = torch.get_rng_state()
     _write(fs, f"{tmp}/{STATE}", save(tensors))
     manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
-                "scheduler": scheduler.state_dict(), "history": history}
+                "scheduler": scheduler.state_dict(), "history": history,
+                **({"balance": balance} if balance else {})}
     _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())  # the commit point
     for step_done, _ in step_dirs(uri)[:-keep]:
         fs.delete_dir(f"{root}/step-{step_done:09d}")
@@ -176,6 +179,7 @@ def read(path: str, rank: int | None = None) -> Snapshot:
         rng=tensors["rng/torch"],
         history=manifest["history"],
         rank_state=rank_state,
+        balance=manifest.get("balance"),
     )
 
 

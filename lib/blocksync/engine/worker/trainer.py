@@ -121,7 +121,9 @@ class Trainer:
             [[hi - lo for lo, hi in batch_slices(n, plan.steps_per_epoch)] for n in block_rows], axis=0)
         self.compressor = make_compressor(cfg.compression, coll, [p.shape for p in self.model.parameters()],
                                           topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank, seed=cfg.seed)
-        self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
+        slow = cfg.faults.slow_rank == self.rank
+        self.slow_seconds = cfg.faults.slow_ms / 1000.0 if slow else 0.0
+        self.slow_factor = cfg.faults.slow_factor if slow else 1.0
         self.history: list[dict[str, float]] = []
         self.step_count = 0
         self.first_step = 0
@@ -198,8 +200,7 @@ class Trainer:
         xb, ib, yb = self.block.take(idx)
         t_compute = time.perf_counter()
         count = self.compute(xb, ib, yb)
-        if self.slow_seconds:
-            time.sleep(self.slow_seconds)
+        straggle(time.perf_counter() - t_compute, self.slow_factor, self.slow_seconds)
         t_sync = time.perf_counter()
         self.beat.at(step, "sync")
         self.sync(s_in_epoch, count)
@@ -354,6 +355,7 @@ class Trainer:
             scheduler=self.schedule, history=self.history,
             rank_state={**self.compressor.state(), "epoch_stats": self.epoch_stats, "traffic": self.traffic,
                         **({"best_params": self.best_params} if self.best_params is not None else {})},
+            balance={k: self.plan.balance[k] for k in ("speeds", "hosts")} if self.plan.balance else None,
         )
 
     def diverged(self, what: str) -> TrainingDiverged:
@@ -367,6 +369,14 @@ class Trainer:
         """Global samples per second in this attempt so far."""
         steps = self.step_count - self.first_step
         return self.plan.total_rows * steps / self.plan.steps_per_epoch / max(time.perf_counter() - self.started, 1e-9)
+
+
+def straggle(compute_seconds: float, factor: float, extra_seconds: float) -> None:
+    """A simulated straggler (`faults.slow_rank`): stretch a compute phase to `factor` times its length,
+    then add `extra_seconds`."""
+    delay = (factor - 1.0) * compute_seconds + extra_seconds
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _inject_fault(plan: WorkerPlan, rank: int, step: int, beat: Heartbeat) -> None:
