@@ -141,3 +141,14 @@ def test_a_relaunch_resumes_on_the_saved_cut_bitwise(spark, data, tmp_path):  # 
     assert again.metrics["balance"]["probe_rows_per_s"] == first.metrics["balance"]["probe_rows_per_s"]
     assert again.block_sizes == first.block_sizes
     assert max_param_diff(again.model, first.model) == 0.0
+
+
+def test_the_report_labels_each_rank_with_its_share_and_speed():
+    from blocksync.pipeline.report import rank_labels
+
+    metrics = {"balance": {"mode": "speed", "row_shares": [0.6, 0.4], "probe_rows_per_s": [3000.0, 2000.0]},
+               "peak_rss_mb": [512.0, 500.0], "block_storage": "disk"}
+    labels, what = rank_labels([0, 1], metrics)
+    assert labels == ["0\n60% rows\n3,000 rows/s\n512 MiB", "1\n40% rows\n2,000 rows/s\n500 MiB"]
+    assert what == "its share of the rows and probed speed (balance=speed) and peak RSS (block_storage=disk)"
+    assert rank_labels([0, 1], {"balance": {"mode": "even", "row_shares": [0.5, 0.5]}}) == (["0", "1"], "")
