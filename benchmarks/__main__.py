@@ -15,9 +15,9 @@ from pathlib import Path
 from benchmarks.common import SettingError
 
 BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
-              "model_selection", "accuracy", "demo", "netcluster", "scaling")
+              "model_selection", "accuracy", "balance", "demo", "netcluster", "scaling")
 NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring",
-               "model_selection", "accuracy")
+               "model_selection", "accuracy", "balance")
 REPO = Path(__file__).resolve().parent.parent
 
 
