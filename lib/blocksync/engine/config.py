@@ -194,7 +194,7 @@ class TrainConfig:
     `engine.balance.weighted_sizes`); local batches follow block sizes, so each step's global batch keeps
     its size and a slower rank gets fewer rows per step. The speeds are saved with checkpoints, so a
     relaunch cuts the same blocks. Spark may run the probe's task i on another executor than training's
-    task i: on a cluster of mixed machines, compare `balance.hosts` in metrics.json with the training hosts."""
+    task i: on a cluster of mixed machines, compare metrics.json `balance.probe_hosts` with the training hosts."""
     memory_budget_mb: int = 256
     """With block_storage=disk: the most of the mapped block a worker keeps resident at once."""
     backend: Backend = "horovod"
