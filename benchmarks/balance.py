@@ -24,7 +24,7 @@ from benchmarks.common import median, write
 ROWS = 24_576
 FEATURES = 64
 CASES = [(2, 2.0), (4, 2.0), (4, 1.5)]  # (num_workers, slow_factor of rank 0)
-REPETITIONS = 3
+REPETITIONS = 2
 
 
 def _files(spark) -> str:
