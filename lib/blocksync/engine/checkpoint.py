@@ -113,12 +113,15 @@ class Snapshot:
     zero: dict[str, int] | None = None
     """A sharded run's layout ({"num_params", "num_shards"}): its optimizer state is in `zero-K` files,
     one per shard, not in the state file. None: the optimizer state is whole in the state file."""
+    balance: dict[str, Any] | None = None
+    """`balance: speed`'s measured speeds and hosts, so a relaunch cuts the same blocks; None: even."""
 
 
 def write(
     uri: str, *, rank: int, step: int, barrier: Any, keep: int, model: torch.nn.Module,
     optimizer: dict[str, Any], scheduler: Any, history: list[dict[str, float]],
     rank_state: dict[str, torch.Tensor], zero: tuple[dict[str, int], int, dict[str, torch.Tensor]] | None = None,
+    balance: dict[str, Any] | None = None,
 ) -> None:
     """Collective: every rank calls it at the same step. `barrier()` must block until all ranks arrive.
 
@@ -158,7 +161,8 @@ def write(
     _write(fs, f"{tmp}/{STATE}", save(tensors))
     manifest = {"format": "blocksync-checkpoint/1", "step": step, "optimizer": opt_scalars,
                 "scheduler": scheduler.state_dict(), "history": history,
-                **({"zero": zero[0]} if zero is not None else {})}
+                **({"zero": zero[0]} if zero is not None else {}),
+                **({"balance": balance} if balance else {})}
     _write(fs, f"{tmp}/{MANIFEST}", json.dumps(manifest).encode())  # the commit point
     for step_done, _ in step_dirs(uri)[:-keep]:
         fs.delete_dir(f"{root}/step-{step_done:09d}")
@@ -185,6 +189,7 @@ def read(path: str, rank: int | None = None) -> Snapshot:
         history=manifest["history"],
         rank_state=rank_state,
         zero=manifest.get("zero"),
+        balance=manifest.get("balance"),
     )
 
 

@@ -23,6 +23,7 @@ ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
 Shard = Literal["none", "optimizer"]
+BalanceMode = Literal["even", "speed"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 BLOCK_SOURCES: tuple[str, ...] = get_args(BlockSource)
@@ -148,10 +149,19 @@ class FaultSettings:
     slow_rank: int | None = None
     """Rank that sleeps `slow_ms` in every compute phase (a simulated straggler)."""
     slow_ms: float = 0.0
-    """Extra compute milliseconds per step on `slow_rank`."""
+    """Extra compute milliseconds per step on `slow_rank` (a fixed delay: no batch size balances it)."""
+    slow_factor: float = 1.0
+    """`slow_rank`'s compute takes this many times as long (it sleeps (factor - 1) x each step's measured
+    compute, and so in the `balance: speed` probe): a slower machine, per row. 1: off."""
 
     def __post_init__(self) -> None:
         _positive("faults.slow_ms", self.slow_ms, allow_zero=True)
+        if not self.slow_factor >= 1.0:
+            raise ValueError(f"faults.slow_factor={self.slow_factor!r} must be >= 1 (2: the rank computes at half "
+                             "speed; 1: off).")
+        if self.slow_rank is None and (self.slow_factor != 1.0 or self.slow_ms):
+            raise ValueError("faults.slow_factor and faults.slow_ms slow down faults.slow_rank, which is unset: "
+                             "name the rank to slow down, or leave them at their defaults.")
         _choice("faults.mode", self.mode, get_args(FaultMode))
         _positive("faults.at_step", self.at_step, allow_zero=True)
         _positive("faults.repeat", self.repeat)
@@ -179,6 +189,14 @@ class TrainConfig:
     resident memory bounded by `memory_budget_mb`; bitwise the same result. `auto`: `disk` when a
     block is over half the memory the driver knows a Python worker has (`spark.executor.pyspark.memory`
     per core, or in local mode this machine's available memory per worker), else `memory`."""
+    balance: BalanceMode = "even"
+    """How many rows each block gets. `even`: sizes differ by at most one row. `speed`: before the blocks are
+    cut, a short barrier stage times every rank's training steps on synthetic batches of the real shapes
+    (the `probe` start-up phase) and block sizes follow the measured rows per second (largest remainders,
+    `engine.balance.weighted_sizes`); local batches follow block sizes, so each step's global batch keeps
+    its size and a slower rank gets fewer rows per step. The speeds are saved with checkpoints, so a
+    relaunch cuts the same blocks. Spark may run the probe's task i on another executor than training's
+    task i: on a cluster of mixed machines, compare metrics.json `balance.probe_hosts` with the training hosts."""
     memory_budget_mb: int = 256
     """With block_storage=disk: the most of the mapped block a worker keeps resident at once."""
     backend: Backend = "horovod"
@@ -349,6 +367,7 @@ class TrainConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("blocks", self.blocks, BLOCK_SOURCES)
         _choice("block_storage", self.block_storage, BLOCK_STORAGES)
+        _choice("balance", self.balance, get_args(BalanceMode))
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)

@@ -70,6 +70,9 @@ class WorkerPlan:
     inputs: InputSpec | None = None
     """Typed inputs (`num_features` is the width of the numeric ones, `id_width` of the id ones); None:
     one feature matrix."""
+    balance: dict | None = None
+    """`balance: speed`: the measured speeds and hosts the blocks were cut by (saved with checkpoints);
+    None: even blocks."""
 
     @property
     def total_steps(self) -> int:

@@ -46,6 +46,22 @@ def history_lines(history: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(h) + "\n" for h in history)
 
 
+def rank_labels(ranks: list[int], metrics: dict[str, Any]) -> tuple[list[str], str]:
+    """Tick labels under the per-rank bars: each rank's share of the rows and probed speed (balance=speed)
+    and its peak RSS, where known; and what they show ("" when nothing is)."""
+    labels, what = [str(r) for r in ranks], []
+    balance = metrics.get("balance") or {}
+    if balance.get("mode") == "speed" and len(balance.get("row_shares", [])) == len(ranks):
+        labels = [f"{lab}\n{100 * s:.0f}% rows\n{v:,.0f} rows/s" for lab, s, v in
+                  zip(labels, balance["row_shares"], balance["probe_rows_per_s"], strict=True)]
+        what.append("its share of the rows and probed speed (balance=speed)")
+    peaks = metrics.get("peak_rss_mb") or []
+    if len(peaks) == len(ranks) and all(p is not None for p in peaks):  # the OS's peak resident memory per rank
+        labels = [f"{lab}\n{p:,.0f} MiB" for lab, p in zip(labels, peaks, strict=True)]
+        what.append(f"peak RSS (block_storage={metrics.get('block_storage', 'memory')})")
+    return labels, " and ".join(what)
+
+
 def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, metrics: dict[str, Any]) -> None:
     """Loss per epoch, and per-rank compute against sync time."""
     import matplotlib
@@ -73,11 +89,10 @@ def plot_report(path: Path, history: list[dict[str, Any]], steps: pd.DataFrame, 
         bottom += per_rank[phase].to_numpy()
     ax_time.set(title=f"time per rank (sync fraction {metrics.get('sync_fraction', 0):.2f})",
                 xlabel="rank", ylabel="seconds")
-    peaks = metrics.get("peak_rss_mb") or []
-    if peaks and all(p is not None for p in peaks):  # the OS's peak resident memory of each rank's process
-        ax_time.set_xticks(per_rank.index.to_numpy(),
-                           [f"{r}\n{p:,.0f} MiB" for r, p in zip(per_rank.index, peaks, strict=False)])
-        ax_time.set_xlabel(f"rank, and its peak RSS (block_storage={metrics.get('block_storage', 'memory')})")
+    labels, what = rank_labels(list(per_rank.index), metrics)
+    if what:
+        ax_time.set_xticks(per_rank.index.to_numpy(), labels)
+        ax_time.set_xlabel("rank, " + what)
     ax_time.legend()
     fig.tight_layout()
     caption = startup_caption(metrics.get("startup_phases") or {})

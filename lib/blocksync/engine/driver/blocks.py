@@ -12,7 +12,7 @@ The assignment, step by step: `make_blocks`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -202,6 +202,7 @@ def make_blocks(
     validation_fraction: float = 0.0,
     weight: str | None = None,
     inputs: InputSpec | None = None,
+    cut: Callable[[int, tuple | None, InputSpec | None, int], list[int]] | None = None,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo).
 
@@ -218,7 +219,10 @@ def make_blocks(
     2. Per bucket, rows are numbered in key order (a window per bucket, so no single
        partition holds all data); bucket sizes are collected to the driver (B numbers).
     3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin
-       over a seeded permutation, so block sizes differ by at most one.
+       over a seeded permutation, so block sizes differ by at most one. With `cut` (balance=speed:
+       called with the feature width, label facts, inputs and training row count, it returns the
+       block sizes), training row g of that same order goes to the block whose contiguous range
+       [sizes[0] + ... + sizes[b-1], ... + sizes[b]) holds g; held-out rows stay round robin.
     4. Each block id is mapped to a partitioning key whose Murmur3 hash lands in the
        partition of the same index (found once on the driver with Spark's own
        `hash`), then `repartition(N, key)` puts block i in partition i exactly.
@@ -239,8 +243,10 @@ def make_blocks(
     _check_weights(stats, weight)
     validating = validation_col is not None or validation_fraction > 0
     totals = _check_totals(stats, num_workers, validating, validation_col, validation_fraction)
-    blocks = _assign_blocks(keyed, stats, num_buckets, num_workers, weight)
     sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
+    if cut is not None:
+        sizes[False] = cut(num_features, label_facts(stats), inputs, totals[False])
+    blocks = _assign_blocks(keyed, stats, num_buckets, num_workers, weight, sizes[False] if cut else None)
     return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
                              val_sizes=sizes[True] if validating else None, inputs=inputs)
 
@@ -288,15 +294,22 @@ def _check_totals(stats: list, num_workers: int, validating: bool, validation_co
 
 
 def _assign_blocks(keyed: DataFrame, stats: list, num_buckets: int, num_workers: int,
-                   weight: str | None) -> DataFrame:
-    """Deal each set's rows round-robin over the blocks, bucket after bucket in key order, and place them."""
+                   weight: str | None, sizes: list[int] | None = None) -> DataFrame:
+    """Deal each set's rows round-robin over the blocks, bucket after bucket in key order, and place them;
+    with `sizes`, training rows go in contiguous ranges of that order instead."""
     offsets = {held: _bucket_offsets(stats, held, num_buckets) for held in (False, True)}
     tie_break = [*(c for c in (FEATURES, IDS) if c in keyed.columns), LABEL, *([WEIGHT] if weight else [])]
     index_in_bucket = F.row_number().over(Window.partitionBy("_val", "_bucket").orderBy("_key", *tie_break)) - 1
     bucket = F.col("_bucket").cast("int") + 1
     bucket_offset = F.when(F.col("_val"), F.element_at(F.array(*[F.lit(o) for o in offsets[True]]), bucket)).otherwise(
         F.element_at(F.array(*[F.lit(o) for o in offsets[False]]), bucket))
-    assigned = keyed.withColumn("_block", F.pmod(bucket_offset + index_in_bucket, F.lit(num_workers)))
+    position = bucket_offset + index_in_bucket
+    block = F.pmod(position, F.lit(num_workers))
+    if sizes is not None:
+        starts = [sum(sizes[:b]) for b in range(1, num_workers)]
+        ranged = sum((F.when(position >= F.lit(s), 1).otherwise(0) for s in starts), F.lit(0))
+        block = F.when(F.col("_val"), block).otherwise(ranged)
+    assigned = keyed.withColumn("_block", block)
     return place_blocks(assigned, block="_block", order=["_val", "_key", *tie_break], num_workers=num_workers)
 
 

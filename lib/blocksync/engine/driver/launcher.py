@@ -23,6 +23,7 @@ from blocksync.engine import checkpoint
 from blocksync.engine.comm.collectives import HOROVOD_DEFAULT_FUSION_MB, import_horovod
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.driver.backend_choice import resolve_backend
+from blocksync.engine.driver.balancing import Balance, cutter
 from blocksync.engine.driver.blocks import FEATURES, WEIGHT, BlockInfo, label_aggregates, label_facts, make_blocks
 from blocksync.engine.driver.input_columns import resolve_inputs
 from blocksync.engine.driver.metrics import run_metrics
@@ -110,7 +111,14 @@ def resolve_outputs(config: TrainConfig, blocks: DataFrame, info: BlockInfo) -> 
     if config.task == "regression":
         return 1
     # make_blocks counted these on its own pass; scanning `blocks` again would recompute its shuffle.
-    lo, hi, fractional = info.labels or label_facts(blocks.agg(*label_aggregates()).collect())
+    return outputs_from_labels(config, info.labels or label_facts(blocks.agg(*label_aggregates()).collect()))
+
+
+def outputs_from_labels(config: TrainConfig, labels: tuple[float, float, int]) -> int:
+    """Classification's output width from (min, max, non-integer count) of the labels, checked."""
+    if config.task == "regression":
+        return 1
+    lo, hi, fractional = labels
     if fractional or lo < 0:
         raise ValueError(
             f"classification labels must be class indices 0..K-1 (found min {lo:g}, "
@@ -235,10 +243,18 @@ def train(
     if spec is not None:  # the model before the shuffle; train_blocks checks its outputs against the labels
         validate_spec(config.model, spec.float_width, 1 if config.task == "regression" else config.num_classes or 2,
                       spec)
+    chosen: list[Balance] = []
     blocks, info = make_blocks(df, features=features, label=label, num_workers=config.num_workers, seed=config.seed,
                                validation_col=validation, validation_fraction=config.validation_fraction,
-                               weight=weight, inputs=spec)
-    return train_blocks(spark, blocks, info, config, progress=progress)
+                               weight=weight, inputs=spec, cut=_cut(spark, config, chosen))
+    return train_blocks(spark, blocks, info, config, progress=progress, balance=chosen[0] if chosen else None)
+
+
+def _cut(spark: SparkSession, config: TrainConfig, chosen: list[Balance]):
+    """balance=speed: the callback that sizes the blocks by measured speed (`balancing.cutter`); even: None."""
+    if config.balance != "speed":
+        return None
+    return cutter(spark, config, lambda labels: outputs_from_labels(config, labels), chosen)
 
 
 def train_files(
@@ -262,11 +278,13 @@ def train_files(
                          "train(spark, df, config) (blocks=shuffle), or set them to 0.")
     refuse_weighted_custom_loss(config, weight is not None)
     check_slots(spark, config.num_workers)
+    chosen: list[Balance] = []
     shards, info = plan_shards(spark, paths, features=features, label=label, num_workers=config.num_workers,
-                               weight=weight)
+                               weight=weight, cut=_cut(spark, config, chosen))
     # One empty partition per rank: the barrier stage needs N tasks, and each reads its own rows.
     ranks = spark.range(config.num_workers, numPartitions=config.num_workers)
-    return train_blocks(spark, ranks, info, config, progress=progress, shards=shards)
+    return train_blocks(spark, ranks, info, config, progress=progress, shards=shards,
+                        balance=chosen[0] if chosen else None)
 
 
 def train_blocks(
@@ -277,6 +295,7 @@ def train_blocks(
     *,
     progress: str = "off",
     shards: ShardPlan | None = None,
+    balance: Balance | None = None,
 ) -> TrainResult:
     """Train on a DataFrame already cut into `num_workers` partitions of (features, label).
 
@@ -315,6 +334,9 @@ def train_blocks(
             f"the blocks DataFrame has {num_partitions} partitions but num_workers={config.num_workers}; "
             "use make_blocks or repartition to num_workers."
         )
+    if config.balance == "speed" and balance is None:
+        raise ValueError("balance=speed sizes the blocks as train or train_files cuts them; blocks cut by the "
+                         "caller cannot follow it: call train or train_files, or set balance=even.")
     check_horovod_knobs(spark, config)
     check_fault_mode(spark, config)
     num_outputs = resolve_outputs(config, blocks, info)
@@ -339,6 +361,7 @@ def train_blocks(
         storage=storage,
         weighted=weighted,
         inputs=info.inputs,
+        balance=balance.to_dict() if balance is not None else None,
     )
     refuse_weighted_custom_loss(config, plan.weighted)
     check_checkpoint(config, info.num_features, num_outputs, info.inputs)
@@ -350,6 +373,8 @@ def train_blocks(
     rows = _launch_with_restarts(spark, blocks, plan, progress)
     wall_seconds = time.perf_counter() - started
     result = _assemble(config, plan, info, rows, wall_seconds)
+    if balance is not None and result.metrics["startup_phases"]:
+        result.metrics["startup_phases"]["probe_s"] = balance.probe_seconds  # on the driver, before the launch
     log.info("%s", startup.describe(result.metrics["startup_phases"]))
     return result
 

@@ -95,4 +95,25 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),
         "timing": timing,
         "stragglers": stragglers,
+        "balance": balance_summary(config, plan, summaries),
     }
+
+
+def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rank: its share of the rows, its compute speed in training (rows per compute second) and its
+    idle time in sync (seconds in the collective, mostly waiting for slower ranks); with balance=speed also
+    the probe's speeds and hosts. The same keys under `even` and `speed` compare a run before and after."""
+    ordered = sorted(summaries, key=lambda s: s["rank"])
+    rows = plan.block_rows or [s["rows"] for s in ordered]
+    epochs_run = max(summaries[0]["steps"] - summaries[0]["resumed_at"], 0) / plan.steps_per_epoch
+    compute = [sum(t[2] for t in s["step_timings"]) for s in ordered]
+    out: dict[str, Any] = {
+        "mode": config.balance,
+        "row_shares": [n / max(sum(rows), 1) for n in rows],
+        "train_rows_per_s": [n * epochs_run / c if c > 0 else None for n, c in zip(rows, compute, strict=True)],
+        "sync_idle_seconds": [sum(t[3] for t in s["step_timings"]) for s in ordered],
+    }
+    if plan.balance:
+        out.update(probe_rows_per_s=plan.balance["speeds"], probe_hosts=plan.balance["hosts"],
+                   probe_seconds=plan.balance["probe_seconds"], speeds_from=plan.balance["source"])
+    return out

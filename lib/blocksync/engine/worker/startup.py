@@ -71,4 +71,6 @@ def describe(phases: dict[str, float]) -> str:
     if not phases:
         return ""
     parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {phases[k]:.2f} s" for k in PHASES)
+    if "probe_s" in phases:  # balance=speed's probe stage, which ran before the launch
+        parts += f"; before the launch: speed probe {phases['probe_s']:.2f} s"
     return f"launch to first step {phases['launch_to_first_step_s']:.2f} s (rank {phases['rank']:.0f}): {parts}"

@@ -135,7 +135,9 @@ class Trainer:
         # train.overlap: bucket all-reduces started by autograd hooks during backward (see `sync`).
         self.buckets = GradientBuckets(coll, params, self.grads, bucket_mb=cfg.bucket_mb,
                                        fp16=cfg.compression == "fp16") if cfg.overlaps else None
-        self.slow_seconds = cfg.faults.slow_ms / 1000.0 if cfg.faults.slow_rank == self.rank else 0.0
+        slow = cfg.faults.slow_rank == self.rank
+        self.slow_seconds = cfg.faults.slow_ms / 1000.0 if slow else 0.0
+        self.slow_factor = cfg.faults.slow_factor if slow else 1.0
         self.history: list[dict[str, float]] = []
         self.step_count = 0
         self.first_step = 0
@@ -224,8 +226,7 @@ class Trainer:
         if self.buckets is not None:
             self.buckets.arm(float(self.global_batch[s_in_epoch]))
         count = self.compute(xb, ib, yb)
-        if self.slow_seconds:
-            time.sleep(self.slow_seconds)
+        straggle(time.perf_counter() - t_compute, self.slow_factor, self.slow_seconds)
         t_sync = time.perf_counter()
         self.beat.at(step, "sync")
         self.sync(s_in_epoch, count)
@@ -407,6 +408,7 @@ class Trainer:
             zero=None if self.sharded is None else (
                 {"num_params": self.sharded.layout.num_params, "num_shards": self.sharded.layout.num_shards},
                 self.sharded.index, self.sharded.state()),
+            balance={k: self.plan.balance[k] for k in ("speeds", "hosts")} if self.plan.balance else None,
         )
 
     def optimizer_state(self) -> dict:
@@ -426,6 +428,14 @@ class Trainer:
         """Global samples per second in this attempt so far."""
         steps = self.step_count - self.first_step
         return self.plan.total_rows * steps / self.plan.steps_per_epoch / max(time.perf_counter() - self.started, 1e-9)
+
+
+def straggle(compute_seconds: float, factor: float, extra_seconds: float) -> None:
+    """A simulated straggler (`faults.slow_rank`): stretch a compute phase to `factor` times its length,
+    then add `extra_seconds`."""
+    delay = (factor - 1.0) * compute_seconds + extra_seconds
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _inject_fault(plan: WorkerPlan, rank: int, step: int, beat: Heartbeat) -> None:

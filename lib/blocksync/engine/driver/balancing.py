@@ -1,0 +1,80 @@
+"""Driver side of `balance: speed`: probe every rank's step rate, or reuse a checkpoint's, and cut by it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from blocksync.engine import checkpoint
+from blocksync.engine.balance import check_shares, weighted_sizes
+from blocksync.engine.config import TrainConfig
+from blocksync.engine.inputs import InputSpec
+from blocksync.engine.worker.block_data import steps_per_epoch
+from blocksync.engine.worker.probe import PROBE_SCHEMA_DDL, make_probe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Balance:
+    """What `balance: speed` measured and cut: per rank, rows per second, host and block rows."""
+
+    speeds: list[float] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    probe_seconds: float = 0.0
+    source: str = "probe"
+    """`probe`: measured now; `checkpoint`: the speeds saved with the checkpoint this run resumes."""
+
+    def to_dict(self) -> dict:
+        return {"speeds": self.speeds, "hosts": self.hosts, "sizes": self.sizes,
+                "probe_seconds": self.probe_seconds, "source": self.source}
+
+
+def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
+            inputs: InputSpec | None, total_rows: int) -> Balance:
+    """One barrier stage of `num_workers` tasks, each timing training steps of the even local batch."""
+    n = config.num_workers
+    batch_rows = max(1, -(-min(config.batch_size, total_rows) // n))
+    started = time.perf_counter()
+    probe = make_probe(config, num_features, num_outputs, inputs, batch_rows)
+    rows = spark.range(n, numPartitions=n).mapInArrow(probe, PROBE_SCHEMA_DDL, barrier=True).collect()
+    facts = sorted((json.loads(r["payload"]) for r in rows), key=lambda f: f["rank"])
+    seconds = time.perf_counter() - started
+    balance = Balance(speeds=[float(f["rows_per_s"]) for f in facts], hosts=[f["host"] for f in facts],
+                      probe_seconds=round(seconds, 4))
+    log.info("balance=speed probe (%.2f s): rows/s per rank %s", seconds, [round(s) for s in balance.speeds])
+    return balance
+
+
+def saved(config: TrainConfig) -> Balance | None:
+    """The balance saved with the checkpoint this run will resume from, if any."""
+    path = checkpoint.latest(config.checkpoint.dir)
+    found = checkpoint.read(path).balance if path else None
+    if not found:
+        return None
+    if len(found["speeds"]) != config.num_workers:
+        raise ValueError(f"checkpoint {path} was cut for {len(found['speeds'])} workers by balance=speed but "
+                         f"num_workers={config.num_workers}; keep num_workers, or use an empty checkpoint.dir.")
+    return Balance(speeds=found["speeds"], hosts=found["hosts"], source="checkpoint")
+
+
+def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[float, float, int]], int],
+           chosen: list[Balance]) -> Callable[[int, tuple | None, InputSpec | None, int], list[int]]:
+    """The `cut` callback `make_blocks` and `plan_shards` call once they know the data's shape and rows:
+    it measures (or reuses) the speeds and returns the block sizes; the `Balance` lands in `chosen`."""
+
+    def cut(num_features: int, labels: tuple | None, inputs: InputSpec | None, total_rows: int) -> list[int]:
+        assert labels is not None, "make_blocks and plan_shards pass the label facts they found"
+        balance = saved(config) or measure(spark, config, num_features, outputs(labels), inputs, total_rows)
+        balance.sizes = weighted_sizes(total_rows, balance.speeds)
+        check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts)
+        chosen.append(balance)
+        return balance.sizes
+
+    return cut

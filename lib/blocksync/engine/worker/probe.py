@@ -1,0 +1,74 @@
+"""`balance: speed`'s probe: each rank's training step rate on synthetic batches of the real shapes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from blocksync.engine.config import TrainConfig
+from blocksync.engine.inputs import InputSpec
+from blocksync.engine.losses import import_loss, loss_sum
+from blocksync.engine.models import build_model
+from blocksync.engine.worker.trainer import straggle
+
+PROBE_SCHEMA_DDL = "payload string"
+WARMUP_STEPS = 2
+MAX_STEPS = 12
+MAX_SECONDS = 0.4
+
+
+def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
+               batch_rows: int, rank: int) -> float:
+    """Rows per second of forward, backward and optimizer step on `batch_rows` synthetic rows, as rank `rank`
+    (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then up to MAX_STEPS steps or
+    MAX_SECONDS, whichever comes first."""
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, num_features, num_outputs, inputs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the step's cost, never a change that matters
+    x = torch.randn(batch_rows, num_features)
+    ids = torch.zeros(batch_rows, inputs.id_width if inputs is not None else 0, dtype=torch.long)
+    y = torch.randint(0, num_outputs, (batch_rows,)).double()  # class indices; any float for regression
+    custom = import_loss(config.loss) if config.loss else None
+    slow = config.faults.slow_rank == rank
+    factor, extra = (config.faults.slow_factor, config.faults.slow_ms / 1000.0) if slow else (1.0, 0.0)
+    steps, timed = 0, 0.0
+    for i in range(WARMUP_STEPS + MAX_STEPS):
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        out = model(x if inputs is None else inputs.model_input(x, ids))
+        loss_sum(out.float(), y, config.task, None, custom, config.label_smoothing).backward()
+        optimizer.step()
+        straggle(time.perf_counter() - t0, factor, extra)
+        if i >= WARMUP_STEPS:
+            steps, timed = steps + 1, timed + time.perf_counter() - t0
+            if timed >= MAX_SECONDS:
+                break
+    return batch_rows * steps / max(timed, 1e-9)
+
+
+def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
+               batch_rows: int):
+    """The barrier task function: every rank measures at the same time (so they contend for the hosts as
+    they will in training) and returns one row: {"rank", "host", "rows_per_s"}."""
+
+    def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        for _ in batches:
+            pass
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        threads = config.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
+        torch.set_num_threads(threads)
+        ctx.barrier()
+        rate = probe_rate(config, num_features, num_outputs, inputs, batch_rows, rank)
+        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate}
+        yield pa.RecordBatch.from_pylist([{"payload": json.dumps(fact)}])
+
+    return probe

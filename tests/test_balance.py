@@ -1,0 +1,154 @@
+"""balance=speed: blocks sized by each rank's measured speed, and faults.slow_factor, the straggler it balances."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from blocksync import ModelSpec, TrainConfig, train, train_files
+from blocksync.engine.balance import check_shares, weighted_sizes
+from blocksync.engine.driver.balancing import Balance
+from blocksync.engine.driver.blocks import make_blocks
+from blocksync.engine.driver.launcher import train_blocks
+from blocksync.engine.worker.trainer import straggle
+from tests.conftest import synthetic_classification
+from tests.helpers import collect_blocks
+from tests.reference import max_param_diff, reference_train
+from tests.test_shards import data, expected_blocks  # noqa: F401 (the module fixture `data`)
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def rule_sizes(total: int, speeds: list[float]) -> list[int]:
+    """The README's rule, written again here: floor of the proportional share, then the leftover rows one
+    each by largest remainder (ties: lower rank)."""
+    shares = [total * s / sum(speeds) for s in speeds]
+    sizes = [int(np.floor(v)) for v in shares]
+    order = sorted(range(len(speeds)), key=lambda r: (sizes[r] - shares[r], r))
+    for r in order[: total - sum(sizes)]:
+        sizes[r] += 1
+    return sizes
+
+
+def test_weighted_sizes_follow_the_documented_rule():
+    assert weighted_sizes(10, [1.0, 1.0, 2.0]) == [3, 2, 5]
+    assert weighted_sizes(203, [100.0, 50.0, 100.0]) == [81, 41, 81]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        speeds = list(rng.uniform(1, 100, size=int(rng.integers(1, 7))))
+        total = int(rng.integers(len(speeds), 5000))
+        assert weighted_sizes(total, speeds) == rule_sizes(total, speeds)
+        assert sum(weighted_sizes(total, speeds)) == total
+
+
+def test_a_rank_under_one_row_per_step_is_named_with_the_fix():
+    with pytest.raises(ValueError, match=r"balance=speed: rank 2 \(on hostB\) measured 1 rows/s against the fastest "
+                                         r"rank's 1000, so its share is 0 rows for 7 steps per epoch.*lower "
+                                         r"num_workers, exclude that executor.*or set balance=even"):
+        check_shares([100, 100, 0], 7, [1000.0, 1000.0, 1.0], ["hostA", "hostA", "hostB"])
+    check_shares([7, 7], 7, [1.0, 1.0], ["a", "b"])  # one row per step is enough
+
+
+def test_slow_factor_is_validated_and_stretches_compute():
+    with pytest.raises(ValueError, match=r"faults.slow_factor=0.5 must be >= 1 \(2: the rank computes at half"):
+        TrainConfig(faults={"slow_rank": 0, "slow_factor": 0.5})
+    with pytest.raises(ValueError, match=r"faults.slow_factor and faults.slow_ms slow down faults.slow_rank, which "
+                                         r"is unset"):
+        TrainConfig(faults={"slow_factor": 2.0})
+    with pytest.raises(ValueError, match=r"faults.slow_rank=3 but num_workers=2"):
+        TrainConfig(num_workers=2, faults={"slow_rank": 3, "slow_factor": 2.0})
+    with pytest.raises(ValueError, match=r"balance='fast' is not one of even, speed"):
+        TrainConfig(balance="fast")
+    started = time.perf_counter()
+    straggle(0.05, 3.0, 0.01)  # (3 - 1) x 50 ms + 10 ms
+    assert time.perf_counter() - started >= 0.11
+    started = time.perf_counter()
+    straggle(0.05, 1.0, 0.0)
+    assert time.perf_counter() - started < 0.05
+
+
+def cfg(**extra) -> TrainConfig:
+    settings = dict(num_workers=3, backend="torch_gloo", epochs=2, batch_size=32, seed=3, check_every=5,
+                    optimizer="adam", lr=0.01, model=ModelSpec(name="mlp", hidden=[64, 64]), balance="speed",
+                    faults={"slow_rank": 1, "slow_factor": 3.0})
+    return TrainConfig(**{**settings, **extra})
+
+
+@pytest.mark.parametrize(("storage", "sync"), [("memory", "gradients"), ("disk", "gradients"),
+                                               ("memory", "parameters")])
+def test_files_cut_by_speed_equal_single_process_training(spark, data, storage, sync):  # noqa: F811
+    root, x, y = data
+    config = cfg(block_storage=storage, sync=sync, sync_every=2)
+    result = train_files(spark, str(root / "arrays"), config)
+    balance = result.metrics["balance"]
+    speeds = balance["probe_rows_per_s"]
+    assert speeds[1] < 0.75 * min(speeds[0], speeds[2]), speeds  # the 3x slower rank measured slower
+    sizes = rule_sizes(203, speeds)
+    assert result.block_sizes == sizes and sizes[1] < sizes[0]
+    assert balance["row_shares"] == pytest.approx([n / 203 for n in sizes])
+    assert len(balance["sync_idle_seconds"]) == 3 and len(balance["train_rows_per_s"]) == 3
+    assert 0 < result.metrics["startup_phases"]["probe_s"] < 30
+    reference = reference_train(expected_blocks(x, y, sizes), config, num_outputs=3)
+    assert max_param_diff(result.model, reference) <= 1e-5
+    # Each step's global batch: the ranks' slices still sum to an epoch of 203 rows over 7 steps, and
+    # differ from the even cut's by rounding only (under one row per rank).
+    steps = 7
+    batch = [sum((s + 1) * n // steps - s * n // steps for n in sizes) for s in range(steps)]
+    even = [sum((s + 1) * n // steps - s * n // steps for n in [68, 68, 67]) for s in range(steps)]
+    assert sum(batch) == sum(even) == 203 and max(abs(a - b) for a, b in zip(batch, even, strict=True)) < 3
+
+
+def test_shuffle_blocks_cut_by_weights_and_the_even_cut_unchanged(spark):
+    df = spark.createDataFrame(synthetic_classification(300, 6, 3, seed=8))
+    even, info = make_blocks(df, label="label", num_workers=3, seed=2)
+    weighted, winfo = make_blocks(df, label="label", num_workers=3, seed=2, cut=lambda d, lab, i, n: [150, 50, 100])
+    assert info.sizes == [100, 100, 100] and winfo.sizes == [150, 50, 100]
+    even_blocks, weighted_blocks = collect_blocks(even, 3), collect_blocks(weighted, 3)
+    assert [len(b[1]) for b in weighted_blocks] == [150, 50, 100]
+    rows = {tuple(r) for b in even_blocks for r in np.column_stack(b)}
+    assert rows == {tuple(r) for b in weighted_blocks for r in np.column_stack(b)}
+    config = cfg(epochs=1, batch_size=40, model=ModelSpec(name="logreg"))
+    balance = Balance(speeds=[3.0, 1.0, 2.0], hosts=["h"] * 3, sizes=[150, 50, 100])
+    result = train_blocks(spark, weighted, winfo, config, balance=balance)
+    reference = reference_train(weighted_blocks, config, num_outputs=3)
+    assert max_param_diff(result.model, reference) <= 1e-5
+    with pytest.raises(ValueError, match=r"balance=speed sizes the blocks as train or train_files cuts them"):
+        train_blocks(spark, weighted, winfo, config)
+
+
+def test_train_on_a_dataframe_cuts_by_the_probe(spark):
+    df = spark.createDataFrame(synthetic_classification(300, 6, 3, seed=8))
+    result = train(spark, df, cfg(epochs=1, blocks="shuffle"))
+    speeds = result.metrics["balance"]["probe_rows_per_s"]
+    assert result.block_sizes == rule_sizes(300, speeds) and result.block_sizes[1] < result.block_sizes[0]
+
+
+def test_a_relaunch_resumes_on_the_saved_cut_bitwise(spark, data, tmp_path):  # noqa: F811
+    root, _, _ = data
+    config = cfg(epochs=2, checkpoint={"dir": str(tmp_path / "ckpt"), "every_steps": 4, "keep": 10})
+    first = train_files(spark, str(root / "arrays"), config)
+    # Drop the newest checkpoints: the relaunch resumes at step 4 of 14, with rank 1 no longer slow,
+    # so a new probe would cut other blocks.
+    for step in (8, 12):
+        for f in (tmp_path / "ckpt" / f"step-{step:09d}").iterdir():
+            f.unlink()
+        (tmp_path / "ckpt" / f"step-{step:09d}").rmdir()
+    again = train_files(spark, str(root / "arrays"), cfg(epochs=2, faults={}, checkpoint=config.checkpoint))
+    assert again.metrics["resumed_at_step"] == 4
+    assert again.metrics["balance"]["speeds_from"] == "checkpoint"
+    assert again.metrics["balance"]["probe_rows_per_s"] == first.metrics["balance"]["probe_rows_per_s"]
+    assert again.block_sizes == first.block_sizes
+    assert max_param_diff(again.model, first.model) == 0.0
+
+
+def test_the_report_labels_each_rank_with_its_share_and_speed():
+    from blocksync.pipeline.report import rank_labels
+
+    metrics = {"balance": {"mode": "speed", "row_shares": [0.6, 0.4], "probe_rows_per_s": [3000.0, 2000.0]},
+               "peak_rss_mb": [512.0, 500.0], "block_storage": "disk"}
+    labels, what = rank_labels([0, 1], metrics)
+    assert labels == ["0\n60% rows\n3,000 rows/s\n512 MiB", "1\n40% rows\n2,000 rows/s\n500 MiB"]
+    assert what == "its share of the rows and probed speed (balance=speed) and peak RSS (block_storage=disk)"
+    assert rank_labels([0, 1], {"balance": {"mode": "even", "row_shares": [0.5, 0.5]}}) == (["0", "1"], "")
