@@ -19,6 +19,7 @@ TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8", "powersgd"]
 BlockSource = Literal["auto", "shuffle", "files"]
 BlockStorage = Literal["auto", "memory", "disk"]
+EpochOrderName = Literal["global", "chunks"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
@@ -178,7 +179,22 @@ class TrainConfig:
     block is over half the memory the driver knows a Python worker has (`spark.executor.pyspark.memory`
     per core, or in local mode this machine's available memory per worker), else `memory`."""
     memory_budget_mb: int = 256
-    """With block_storage=disk: the most of the mapped block a worker keeps resident at once."""
+    """With block_storage=disk: the most of the mapped block a worker keeps resident at once. With
+    epoch_order=chunks it also sizes the shuffle window (see `shuffle_window_mb`)."""
+    epoch_order: EpochOrderName = "global"
+    """The order a worker visits its block in each epoch, seeded by (seed, rank, epoch) either way.
+    `global`: one permutation of the whole block (each step's rows lie anywhere in it). `chunks`: the
+    block's chunks of `chunk_mb` are permuted and rows are shuffled within windows of consecutive chunks
+    (`shuffle_window_mb`), so a block on disk is read sequentially, a window ahead of the step that
+    needs it (the rule: `blocksync.engine.worker.epoch_order.chunk_order`, and the README). Every
+    storage mode gives the same result for the same order."""
+    chunk_mb: float = 4.0
+    """With epoch_order=chunks: the size of a chunk, the unit read sequentially and permuted (MiB of
+    stored rows: 4 bytes a feature, 8 a label, an id or a weight)."""
+    shuffle_window_mb: float | None = None
+    """With epoch_order=chunks: the MiB of rows shuffled together (rounded down to whole chunks, at least
+    one); None: half of `memory_budget_mb` less one local batch, so that the window trained on and the next
+    one, read meanwhile, fit in the budget with one batch."""
     backend: Backend = "horovod"
     """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
     (BarrierTaskContext.allGather; only for tiny models)."""
@@ -302,6 +318,10 @@ class TrainConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("blocks", self.blocks, BLOCK_SOURCES)
         _choice("block_storage", self.block_storage, BLOCK_STORAGES)
+        _choice("epoch_order", self.epoch_order, get_args(EpochOrderName))
+        _positive("chunk_mb", self.chunk_mb)
+        if self.shuffle_window_mb is not None:
+            _positive("shuffle_window_mb", self.shuffle_window_mb)
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)

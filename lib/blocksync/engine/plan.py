@@ -39,6 +39,19 @@ class ShardPlan:
 
 
 @dataclass(frozen=True)
+class ChunkLayout:
+    """How train.epoch_order=chunks cuts a block (`worker.epoch_order`): `chunk_rows` consecutive rows a
+    chunk, `window_chunks` chunks a shuffle window."""
+
+    chunk_rows: int
+    window_chunks: int
+
+    @property
+    def window_rows(self) -> int:
+        return self.chunk_rows * self.window_chunks
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """Everything a worker needs, resolved by the driver into plain values."""
 
@@ -67,6 +80,9 @@ class WorkerPlan:
     global batch divided by its summed weights."""
     launched_at: float = 0.0
     """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
+    chunks: ChunkLayout | None = None
+    """train.epoch_order=chunks: the chunk and window sizes every rank cuts its block by (the driver
+    fixes them from the row width, `chunk_mb` and the budget); None: the global permutation."""
     inputs: InputSpec | None = None
     """Typed inputs (`num_features` is the width of the numeric ones, `id_width` of the id ones); None:
     one feature matrix."""

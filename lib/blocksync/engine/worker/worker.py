@@ -358,6 +358,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "peak_rss_mb": peak_rss_mb(),
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
+        "read_seconds": trainer.read_seconds,
         "epochs_run": len(trainer.history),
         **facts,
         "bytes_sent": float(trainer.traffic[1]),
