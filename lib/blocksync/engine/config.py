@@ -18,7 +18,7 @@ DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8", "powersgd"]
 BlockSource = Literal["auto", "shuffle", "files"]
-BlockStorage = Literal["auto", "memory", "disk"]
+BlockStorage = Literal["auto", "memory", "disk", "stream"]
 EpochOrderName = Literal["global", "chunks"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
@@ -177,7 +177,10 @@ class TrainConfig:
     training there). `disk`: unnamed files in the executor's Spark local directory, read step by step,
     resident memory bounded by `memory_budget_mb`; bitwise the same result. `auto`: `disk` when a
     block is over half the memory the driver knows a Python worker has (`spark.executor.pyspark.memory`
-    per core, or in local mode this machine's available memory per worker), else `memory`."""
+    per core, or in local mode this machine's available memory per worker), else `memory`. `stream`
+    (blocks=files, epoch_order=chunks): nothing is copied; every epoch each worker reads its rows
+    straight from the Parquet files, window by window in the chunk order (`stream_block`), so the data
+    may exceed the executors' memory and local disks alike."""
     memory_budget_mb: int = 256
     """With block_storage=disk: the most of the mapped block a worker keeps resident at once. With
     epoch_order=chunks it also sizes the shuffle window (see `shuffle_window_mb`)."""
@@ -336,6 +339,10 @@ class TrainConfig:
         if self.early_stopping_patience and self.sync == "parameters":
             raise ValueError("early_stopping_patience needs sync=gradients: with sync=parameters the replicas "
                              "differ between averages, so an epoch's weights are not one model.")
+        if self.block_storage == "stream" and (self.epoch_order != "chunks" or self.blocks == "shuffle"):
+            raise ValueError(f"block_storage=stream reads each block from its Parquet files in the chunk order: set "
+                             f"train.epoch_order=chunks (now {self.epoch_order}) and train from Parquet files "
+                             f"(blocks=files or auto; now {self.blocks}), or use block_storage=disk.")
         if self.blocks == "files" and (self.validation_fraction or self.early_stopping_patience):
             raise ValueError("validation_fraction and early_stopping_patience hold rows out while Spark cuts the "
                              "blocks: set blocks=shuffle, or set them to 0.")

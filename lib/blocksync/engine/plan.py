@@ -7,7 +7,7 @@ blocks=files (`driver.shards` makes them, `worker.shard_reader` reads them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
@@ -36,6 +36,9 @@ class ShardPlan:
     pieces: list[list[Piece]]
     weight: str | None = None
     """A numeric column of per-row weights; targets are then (label, weight) pairs."""
+    file_facts: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """path -> (size in bytes, modification time in ns or None) as the driver found them with the footers:
+    block_storage=stream checks every file against them before it reads it."""
 
 
 @dataclass(frozen=True)

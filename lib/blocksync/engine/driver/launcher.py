@@ -321,7 +321,8 @@ def train_blocks(
     id_width = info.inputs.id_width if info.inputs is not None else 0
     weighted = (shards.weight is not None) if shards else WEIGHT in blocks.columns
     width = storage_width(info.num_features, id_width, 2 if weighted else 1)
-    storage = resolve_storage(config, info.sizes, width, per_epoch, worker_memory(spark, config.num_workers))
+    storage = resolve_storage(config, info.sizes, width, per_epoch, worker_memory(spark, config.num_workers),
+                              has_files=shards is not None)
     chunks = resolve_chunks(config, info.sizes, width, per_epoch, storage)
     plan = WorkerPlan(
         config=config,

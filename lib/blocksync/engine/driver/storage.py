@@ -62,8 +62,9 @@ def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, st
 
 
 def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
-                    memory: tuple[int, str] | None) -> str:
-    """`memory` or `disk` for every rank; raises ValueError (exit 2) for a block that cannot work."""
+                    memory: tuple[int, str] | None, has_files: bool = False) -> str:
+    """`memory`, `disk` or `stream` (only when blocks are read from files: `has_files`) for every rank;
+    raises ValueError (exit 2) for a block that cannot work."""
     largest = max(block_rows, default=0) * row_bytes(num_features)
     storage = config.block_storage
     if storage == "auto":
@@ -71,6 +72,10 @@ def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: in
         if memory is None:
             log.info("block_storage=auto: the driver does not know the Python workers' memory "
                      "(set spark.executor.pyspark.memory); keeping blocks in memory")
+    if storage == "stream" and not has_files:
+        raise ValueError("block_storage=stream reads each block from Parquet files, and this run's blocks come from "
+                         "a Spark shuffle: train from Parquet files (train_files, or a plain spark.read.parquet "
+                         "scan with blocks=auto or files), or use block_storage=disk.")
     if storage == "memory" and memory is not None and largest > memory[0]:
         raise ValueError(
             f"block_storage=memory: the largest block holds {largest / 2**20:,.0f} MiB but a Python worker has "

@@ -42,6 +42,8 @@ from typing import IO
 import numpy as np
 import torch
 
+from blocksync.engine.worker.stream_block import StreamBlock
+
 PAGE = mmap.PAGESIZE
 LABEL_BYTES = 8  # float64
 
@@ -314,6 +316,6 @@ def _pread_exactly(fd: int, buffer: memoryview, offset: int) -> None:
         done += got
 
 
-Block = MemoryBlock | DiskBlock
+Block = MemoryBlock | DiskBlock | StreamBlock
 """A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device: features,
 ids and targets, see `block_data.split_targets`), `weights()` (with per-row weights), `close()`."""

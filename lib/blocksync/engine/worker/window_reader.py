@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from blocksync.engine.worker.block_store import DiskBlock
+from blocksync.engine.worker.stream_block import StreamBlock
 
 if TYPE_CHECKING:
     from blocksync.engine.worker.block_store import Block
@@ -97,13 +98,14 @@ class WindowFeed:
             self._ready.put(err)
 
     def _read(self, window: Window) -> Piece:
-        """The window's rows, chunk after chunk: one sequential read of each chunk's rows."""
+        """The window's rows, chunk after chunk in the window's order: each chunk one sequential read of
+        its rows, the chunks read in block order (a file's bytes, a Parquet file's row groups, in order)."""
+        sizes = [min((c + 1) * self.chunk_rows, self.block_size) - c * self.chunk_rows for c in window.chunks.tolist()]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes else np.zeros(0, np.int64)
         out = self.source.empty(len(window.shuffle))
-        at = 0
-        for chunk in window.chunks.tolist():
-            lo, hi = chunk * self.chunk_rows, min((chunk + 1) * self.chunk_rows, self.block_size)
-            self.source.read_into(lo, hi, out, at)
-            at += hi - lo
+        for i in np.argsort(window.chunks, kind="stable").tolist():
+            lo = int(window.chunks[i]) * self.chunk_rows
+            self.source.read_into(lo, lo + sizes[i], out, int(offsets[i]))
         return out
 
     def take(self, lo: int, hi: int) -> Batch:
@@ -134,6 +136,6 @@ class WindowFeed:
 def open_feed(block: Block, order: EpochOrder, first_position: int, device: torch.device) -> Feed:
     """A window reader for a `chunks` order over a block that reads rows from storage; else the order
     indexes the block directly."""
-    if order.windows is not None and isinstance(block, DiskBlock):
+    if order.windows is not None and isinstance(block, (DiskBlock, StreamBlock)):
         return WindowFeed(block, order, first_position, device)
     return OrderFeed(block, order, device)
