@@ -14,9 +14,9 @@ from pathlib import Path
 
 from benchmarks.common import SettingError
 
-BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit", "scoring",
-              "model_selection", "accuracy", "demo", "netcluster", "scaling")
-NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "scoring",
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "memory_limit",
+              "epoch_order", "scoring", "model_selection", "accuracy", "demo", "netcluster", "scaling")
+NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "memory", "epoch_order", "scoring",
                "model_selection", "accuracy")
 REPO = Path(__file__).resolve().parent.parent
 

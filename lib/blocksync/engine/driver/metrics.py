@@ -85,6 +85,9 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "blocks": "files" if plan.shards else "shuffle",  # what ran, also when config.blocks is auto
         "block_storage": summaries[0].get("block_storage", "memory"),
         "peak_rss_mb": [s.get("peak_rss_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
+        "peak_anon_mb": [s.get("peak_anon_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
+        # epoch_order=chunks from disk or stream: each rank's window reading, overlapped with its steps
+        "read_seconds": [s.get("read_seconds", 0.0) for s in sorted(summaries, key=lambda s: s["rank"])],
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
         "payload_bytes_per_step": summaries[0]["payload_bytes"] / max(steps, 1),
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),

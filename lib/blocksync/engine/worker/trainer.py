@@ -84,6 +84,19 @@ def check_replicas(coll: Collective, model: torch.nn.Module, step: int) -> None:
         )
 
 
+def anon_mb() -> float:
+    """This process's anonymous resident memory (RssAnon: what it allocated, without the mapped or cached
+    file pages that RSS also counts), in MiB; 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
 
@@ -133,6 +146,7 @@ class Trainer:
         # Per step: start (s since this attempt's loop began), data, compute, sync, optimizer seconds.
         self.timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
         self.read_seconds = 0.0  # epoch_order=chunks on disk: the window reader's time, overlapped with steps
+        self.peak_anon_mb = anon_mb()  # sampled after every step's data arrived (windows and batch resident)
         self.started = time.perf_counter()
 
     def resume(self, path: str) -> None:
@@ -200,6 +214,7 @@ class Trainer:
         _inject_fault(self.plan, self.rank, step, self.beat)
         t_data = time.perf_counter()
         xb, ib, yb = feed.take(lo, hi)  # with a window reader: includes any wait for the next window
+        self.peak_anon_mb = max(self.peak_anon_mb, anon_mb())
         t_compute = time.perf_counter()
         count = self.compute(xb, ib, yb)
         if self.slow_seconds:

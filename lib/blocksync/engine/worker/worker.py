@@ -363,6 +363,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "device": str(trainer.device),
         "rows": trainer.block.rows,
         "peak_rss_mb": peak_rss_mb(),
+        "peak_anon_mb": trainer.peak_anon_mb,
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
         "read_seconds": trainer.read_seconds,
