@@ -84,17 +84,22 @@ def check_replicas(coll: Collective, model: torch.nn.Module, step: int) -> None:
         )
 
 
-def anon_mb() -> float:
-    """This process's anonymous resident memory (RssAnon: what it allocated, without the mapped or cached
-    file pages that RSS also counts), in MiB; 0 where /proc does not say."""
+def status_mb(key: str) -> float | None:
+    """A kB figure of /proc/self/status (VmHWM, RssAnon ...) in MiB, as the OS counts it; None without it."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("RssAnon:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return None
+
+
+def anon_mb() -> float:
+    """This process's anonymous resident memory (RssAnon: what it allocated, without the mapped or cached
+    file pages that RSS also counts), in MiB; 0 where /proc does not say."""
+    return status_mb("RssAnon") or 0.0
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

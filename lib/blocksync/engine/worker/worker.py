@@ -78,7 +78,7 @@ from blocksync.engine.worker.block_store import (
 from blocksync.engine.worker.shard_reader import iter_pieces
 from blocksync.engine.worker.startup import StartupClock
 from blocksync.engine.worker.stream_block import StreamBlock
-from blocksync.engine.worker.trainer import Trainer, params_digest
+from blocksync.engine.worker.trainer import Trainer, params_digest, status_mb
 
 log = logging.getLogger(__name__)
 
@@ -319,14 +319,7 @@ def reset_peak_rss() -> None:
 
 def peak_rss_mb() -> float | None:
     """This process's peak resident memory since `reset_peak_rss` (VmHWM), as the OS counts it."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    return status_mb("VmHWM")
 
 
 def _agree_and_connect(plan: WorkerPlan, ctx: Any, num_rows: int, problem: str) -> tuple[Collective, list[int]]:
