@@ -8,8 +8,9 @@ Accuracy (the issue's target: within 0.3 points of the global permutation):
   batch 64, 30 epochs), 4 workers, `train_files`; chunks of 15 rows, windows of 4 chunks (60 rows), so a
   block of about 360 rows is read in 6 windows; train.seed 0, 1, 2 for each order.
 - the peers' synthetic MLP job (benchmarks/peers.py: 1,048,576 x 128 rows, mlp 256-256, Adam 1e-3,
-  batch 4,096, one epoch, 2 workers, `train_files`), default 4 MiB chunks and a 64 MiB budget (windows
-  of 7 chunks); test accuracy on its 65,536 test rows.
+  batch 4,096, one epoch, 2 workers, `train_files`); test accuracy on its 65,536 test rows. Its files
+  hold one row group of 131,072 rows (65 MiB) each, so chunk_mb=65 makes a chunk one row group (what
+  `stream` decodes at once) and the default 256 MiB budget a window of one chunk: 4 windows a block.
 
 Speed, on that synthetic job (blocks of 260 MiB; the machine's page cache holds them): samples/s at
 steady state (rank 0's median step period after 10 warm-up steps) and over the whole epoch, for
@@ -32,6 +33,7 @@ from benchmarks.data import accuracy, synthetic
 REPO = Path(__file__).resolve().parent.parent
 REPETITIONS = 2
 SPEED = [("memory", "global"), ("memory", "chunks"), ("disk", "global"), ("disk", "chunks"), ("stream", "chunks")]
+SYNTHETIC_CHUNK_MB = 65  # 131,072 rows of 520 bytes: one row group of the synthetic files
 DIGITS_SEEDS = [0, 1, 2]
 DIGITS_CHUNKS = {"chunk_mb": 0.004, "shuffle_window_mb": 0.016}  # 264-byte rows: 15-row chunks, 4 a window
 
@@ -71,8 +73,8 @@ def synthetic_run(spark, files: list[str], storage: str, order: str) -> dict:
     from blocksync import ModelSpec, TrainConfig, train_files
 
     cfg = TrainConfig(num_workers=2, backend="torch_gloo", epochs=1, batch_size=4096, optimizer="adam", lr=1e-3,
-                      seed=0, threads_per_worker=1, block_storage=storage, epoch_order=order, memory_budget_mb=64,
-                      check_every=0, model=ModelSpec(name="mlp", hidden=[256, 256]))
+                      seed=0, threads_per_worker=1, block_storage=storage, epoch_order=order,
+                      chunk_mb=SYNTHETIC_CHUNK_MB, check_every=0, model=ModelSpec(name="mlp", hidden=[256, 256]))
     result = train_files(spark, files, cfg)
     m = result.metrics
     return {"storage": storage, "order": order, "steady_samples_per_sec": 4096 / steady_step_seconds(result, 10),
@@ -127,7 +129,8 @@ def _summary(runs: list[dict], digits: list[dict]) -> dict:
 def _markdown(p: dict) -> str:
     s = p["summary"]
     lines = ["# epoch_order: the chunk order against the global permutation", "",
-             "Speed: the peers' synthetic MLP job (2 workers, torch_gloo, 260 MiB blocks, 64 MiB budget), "
+             "Speed: the peers' synthetic MLP job (2 workers, torch_gloo, 260 MiB blocks, 256 MiB budget, 65 MiB "
+             "chunks: one row group each), "
              f"medians of {REPETITIONS} alternating runs, against memory/global in the same run.", "",
              "| storage/order | steady samples/s x memory/global | whole epoch x memory/global | test accuracy |",
              "| --- | --- | --- | --- |"]

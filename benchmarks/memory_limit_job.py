@@ -8,6 +8,10 @@ import time
 from blocksync import ModelSpec, TrainConfig, TrainingError, train_files
 from blocksync.pipeline.session import local_session
 
+CHUNK_MB = 16.125
+"""16,384 rows of 1,032 bytes: one row group of the benchmark's files (what `stream` decodes at once); the 64 MiB
+budget makes a window of one chunk."""
+
 
 def main(path: str, out: str, storage: str, order: str, limited: str) -> None:
     conf = {"spark.driver.memory": "2g"}
@@ -17,7 +21,7 @@ def main(path: str, out: str, storage: str, order: str, limited: str) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     cfg = TrainConfig(num_workers=1, backend="torch_gloo", epochs=1, batch_size=4096, lr=0.01, check_every=0,
                       block_storage=storage, memory_budget_mb=64, model=ModelSpec(name="logreg"),
-                      epoch_order=order, timeouts={"step_seconds": 600, "barrier_seconds": 1800})
+                      epoch_order=order, chunk_mb=CHUNK_MB, timeouts={"step_seconds": 600, "barrier_seconds": 1800})
     started = time.perf_counter()
     try:
         result = train_files(spark, path, cfg)
