@@ -54,7 +54,8 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     # Param name: (TrainConfig field, converter, doc)
     "numWorkers": ("num_workers", _INT, "number of blocks and barrier tasks (one rank each)"),
     "backend": ("backend", _STR, "collective: horovod, torch_gloo or spark"),
-    "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory or disk"),
+    "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory, disk or stream "
+                     "(Parquet datasets read from their files, with epochOrder=chunks)"),
     "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
     "epochOrder": ("epoch_order", _STR, "global (one permutation of each block) or chunks (permuted chunks, "
                    "rows shuffled within windows of them: sequential reads for blocks on disk)"),
