@@ -151,7 +151,7 @@ class Trainer:
         # Per step: start (s since this attempt's loop began), data, compute, sync, optimizer seconds.
         self.timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
         self.read_seconds = 0.0  # epoch_order=chunks on disk: the window reader's time, overlapped with steps
-        self.peak_anon_mb = anon_mb()  # sampled after every step's data arrived (windows and batch resident)
+        self.peak_anon_mb = anon_mb()  # sampled after each epoch, and after each step that took a new window
         self.started = time.perf_counter()
 
     def resume(self, path: str) -> None:
@@ -193,6 +193,7 @@ class Trainer:
             finally:
                 feed.close()
                 self.read_seconds += feed.read_seconds
+            self.peak_anon_mb = max(self.peak_anon_mb, anon_mb())
             self.end_epoch(epoch)
             stop = self.stop_early()  # before the snapshot: a resumed run needs this epoch's best weights
             self.snapshot()
@@ -219,7 +220,8 @@ class Trainer:
         _inject_fault(self.plan, self.rank, step, self.beat)
         t_data = time.perf_counter()
         xb, ib, yb = feed.take(lo, hi)  # with a window reader: includes any wait for the next window
-        self.peak_anon_mb = max(self.peak_anon_mb, anon_mb())
+        if feed.new_window:  # the most a window reader holds: windows and this batch (not every step: a /proc read)
+            self.peak_anon_mb = max(self.peak_anon_mb, anon_mb())
         t_compute = time.perf_counter()
         count = self.compute(xb, ib, yb)
         if self.slow_seconds:

@@ -30,6 +30,8 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class Feed(Protocol):
     read_seconds: float
     """Seconds the reader spent reading windows (0 without one)."""
+    new_window: bool
+    """Whether the last `take` brought in a window (False without a reader)."""
 
     def take(self, lo: int, hi: int) -> Batch: ...
 
@@ -48,6 +50,7 @@ class OrderFeed:
     """Positions [lo, hi) of the epoch's order, taken from the block row by row (`Block.take`)."""
 
     read_seconds = 0.0
+    new_window = False
 
     def __init__(self, block: Block, order: EpochOrder, device: torch.device) -> None:
         self.block = block
@@ -74,6 +77,7 @@ class WindowFeed:
         self.source, self.device, self.chunk_rows = source, device, order.chunk_rows
         self.block_size = len(order.rows)
         self.read_seconds = 0.0
+        self.new_window = False
         self._pending = [w for w in order.windows if w.stop > first_position]
         self._held: list[tuple[Window, Piece]] = []
         self._slots, self._num_slots = threading.Semaphore(slots), slots
@@ -112,7 +116,9 @@ class WindowFeed:
         while self._held and self._held[0][0].stop <= lo:  # positions only grow: that window is done
             self._held.pop(0)
             self._slots.release()
+        self.new_window = False
         while hi > lo and (not self._held or self._held[-1][0].stop < hi):
+            self.new_window = True
             assert len(self._held) < self._num_slots, "a window must hold a local batch (the driver checks)"
             item = self._ready.get()
             if isinstance(item, BaseException):
