@@ -106,10 +106,15 @@ def config(storage: str, **extra) -> TrainConfig:
     return TrainConfig(**{**settings, **extra})
 
 
-def test_stream_trains_bitwise_like_memory_and_disk(spark, tmp_path):
+def test_stream_trains_bitwise_like_memory_and_disk_and_relaunches_bitwise(spark, tmp_path):
     path = write_files(tmp_path / "data", weights=True)
     runs = {s: train_files(spark, path, config(s), weight="weight") for s in ("memory", "stream", "disk")}
-    for other in ("stream", "disk"):
+    # Killed at step 12 of 21 (7 steps an epoch): resumed from the checkpoint of step 10, in the middle of epoch 2.
+    runs["relaunched"] = train_files(spark, path, config("stream", max_restarts=1, checkpoint={
+        "dir": str(tmp_path / "ckpt"), "every_steps": 5}, faults={"kill_rank": 1, "at_step": 12, "mode": "exit"}),
+        weight="weight")
+    assert [s["resumed_at"] for s in runs["relaunched"].rank_summaries] == [10] * 4
+    for other in ("stream", "disk", "relaunched"):
         assert max_param_diff(runs["memory"].model, runs[other].model) == 0.0
         assert runs["memory"].history == runs[other].history
     assert runs["stream"].metrics["block_storage"] == "stream"
