@@ -136,3 +136,13 @@ def test_a_streamed_file_gone_before_the_workers_read_it_stops_the_run_naming_it
     monkeypatch.setattr(launcher, "plan_shards", plan_then_delete)
     with pytest.raises(TrainingError, match=rf"the Parquet file {victim} disappeared during training"):
         train_files(spark, path, config("stream"))
+
+
+def test_rows_are_checked_as_they_are_streamed_naming_the_file(tmp_path):
+    plan, _ = plan_shards(None, write_files(tmp_path / "data"), features="features", label="label", num_workers=1)
+    block = StreamBlock(plan, 0, 8, lambda x, ids, y: "2 labels are not class indices in [0, 3)" if y.max() > 1 else "")
+    out = block.empty(203)
+    with pytest.raises(ValueError, match=rf"2 labels are not class indices in \[0, 3\) \(in {tmp_path}/data/"
+                                         r"part-00000.parquet, read by block_storage=stream\)"):
+        block.read_into(0, 25, out, 0)
+    block.close()
