@@ -8,9 +8,9 @@ import time
 from blocksync import ModelSpec, TrainConfig, TrainingError, train_files
 from blocksync.pipeline.session import local_session
 
-CHUNK_MB = 16.125
-"""16,384 rows of 1,032 bytes: one row group of the benchmark's files (what `stream` decodes at once); the 64 MiB
-budget makes a window of one chunk."""
+CHUNK_MB = 4.03125
+"""4,096 rows of 1,032 bytes: one row group of the benchmark's files (what `stream` decodes at once); the 32 MiB
+budget makes windows of 3 chunks (12 MiB): two windows and a batch of 4,096 rows take 28 MiB."""
 
 
 def main(path: str, out: str, storage: str, order: str, limited: str) -> None:
@@ -20,7 +20,7 @@ def main(path: str, out: str, storage: str, order: str, limited: str) -> None:
     spark = local_session("local[2]", "blocksync-memory-limit", conf)
     spark.sparkContext.setLogLevel("ERROR")
     cfg = TrainConfig(num_workers=1, backend="torch_gloo", epochs=1, batch_size=4096, lr=0.01, check_every=0,
-                      block_storage=storage, memory_budget_mb=64, model=ModelSpec(name="logreg"),
+                      block_storage=storage, memory_budget_mb=32, model=ModelSpec(name="logreg"),
                       epoch_order=order, chunk_mb=CHUNK_MB, timeouts={"step_seconds": 600, "barrier_seconds": 1800})
     started = time.perf_counter()
     try:
