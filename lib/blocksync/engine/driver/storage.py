@@ -104,9 +104,13 @@ def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int
     """epoch_order=chunks: the layout every rank cuts its block by (`epoch_order.chunk_layout`); None for
     the global order. A reader from storage holds two windows and one local batch, each window at least
     a local batch: a budget (or window) too small for that is refused before launch, naming the minimum."""
-    if config.epoch_order != "chunks":
-        return None
     width = row_bytes(num_features)
+    if config.epoch_order != "chunks":
+        if storage == "disk" and max(block_rows, default=0) * width > config.memory_budget_mb * 2**20:
+            log.info("block_storage=disk with blocks larger than train.memory_budget_mb: each step reads its rows at "
+                     "random positions of the block; where the page cache cannot hold the block (a container's "
+                     "limit), train.epoch_order=chunks reads it sequentially instead")
+        return None
     local = math.ceil(max(block_rows, default=0) / steps_per_epoch)
     layout = chunk_layout(width, config.chunk_mb, config.memory_budget_mb, config.shuffle_window_mb, local)
     if storage == "memory":  # the order only: nothing is read
