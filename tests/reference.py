@@ -16,7 +16,18 @@ Blocks and the batch order
     N = n_0 + n_1 + ..., whatever its own block size. The run has T = S * epochs
     steps, counted t = 0 .. T-1 over the whole run.
   - In epoch e (0-based), rank r visits its block in the order
-    `np.random.default_rng([seed, r, e]).permutation(n_r)`.
+    `np.random.default_rng([seed, r, e]).permutation(n_r)` (epoch_order "global").
+  - epoch_order "chunks" (the sequential-read order): with b the bytes a row takes as stored (4 per
+    float32 feature value, 8 per int64 id, 8 for the label, 8 more for a weight), L = ceil(max n_r / S)
+    (the largest local batch):
+      chunk_rows = max(1, floor(chunk_mb * 2**20) // b);
+      W = floor(shuffle_window_mb * 2**20), or when it is unset (floor(memory_budget_mb * 2**20) - L*b) // 2;
+      window_chunks = max(1, W // (chunk_rows * b)).
+    With rng = np.random.default_rng([seed, r, e]): the block's C = ceil(n_r / chunk_rows) chunks
+    (chunk c: rows c*chunk_rows .. min((c+1)*chunk_rows, n_r) - 1) are permuted, P = rng.permutation(C);
+    P is cut into windows of window_chunks consecutive entries; each window in turn lists its chunks'
+    rows (in P's order, ascending within a chunk) as R and visits R[rng.permutation(len(R))]. The
+    epoch's order is those windows' orders one after another.
   - Step s (0-based within the epoch) of a block of n rows takes positions
     [s*n // S, (s+1)*n // S) of that permutation: contiguous, near-equal slices
     that cover the epoch exactly once. A block with fewer rows than S gets
@@ -105,8 +116,45 @@ def steps_in_epoch(total_rows: int, batch_size: int) -> int:
     return max(1, (total_rows + batch_size - 1) // batch_size)
 
 
-def visit_order(block_rows: int, seed: int, rank: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, rank, epoch]).permutation(block_rows)
+def visit_order(block_rows: int, seed: int, rank: int, epoch: int, layout: tuple[int, int] | None = None) -> np.ndarray:
+    """The epoch's order: the global permutation, or with `layout` = (chunk_rows, window_chunks) the chunks one."""
+    rng = np.random.default_rng([seed, rank, epoch])
+    if layout is None:
+        return rng.permutation(block_rows)
+    chunk_rows, window_chunks = layout
+    chunks = rng.permutation((block_rows + chunk_rows - 1) // chunk_rows)
+    order: list[int] = []
+    for lo in range(0, len(chunks), window_chunks):
+        rows = [row for c in chunks[lo:lo + window_chunks]
+                for row in range(c * chunk_rows, min((c + 1) * chunk_rows, block_rows))]
+        order.extend(rows[i] for i in rng.permutation(len(rows)))
+    return np.array(order, dtype=np.int64)
+
+
+def row_bytes(block: Block) -> int:
+    """Bytes a row of `block` takes as stored: its feature values (4 each, or 8 for an id), 8 for the label
+    and 8 for a weight."""
+    x = block[0]
+    if isinstance(x, dict):
+        width = sum((4 if np.asarray(v).dtype == np.float32 else 8) * int(np.prod(np.asarray(v).shape[1:]))
+                    for v in x.values())
+    else:
+        width = 4 * np.asarray(x).shape[1]
+    return width + 8 + (8 if len(block) > 2 else 0)
+
+
+def chunk_layout(blocks: list[Block], cfg: Any, steps: int) -> tuple[int, int] | None:
+    """(chunk_rows, window_chunks) for epoch_order "chunks", from the rule above; None for "global"."""
+    if getattr(cfg, "epoch_order", "global") == "global":
+        return None
+    b = row_bytes(blocks[0])
+    batch = -(-max(len(bl[1]) for bl in blocks) // steps)
+    chunk_rows = max(1, math.floor(cfg.chunk_mb * 2**20) // b)
+    if cfg.shuffle_window_mb is not None:
+        window = math.floor(cfg.shuffle_window_mb * 2**20)
+    else:
+        window = (math.floor(cfg.memory_budget_mb * 2**20) - batch * b) // 2
+    return chunk_rows, max(1, window // (chunk_rows * b))
 
 
 def step_rows(order: np.ndarray, step: int, steps: int) -> np.ndarray:
@@ -115,9 +163,10 @@ def step_rows(order: np.ndarray, step: int, steps: int) -> np.ndarray:
     return order[step * n // steps : (step + 1) * n // steps]
 
 
-def epoch_batches(blocks: list[Block], seed: int, epoch: int, steps: int) -> list[list[np.ndarray]]:
+def epoch_batches(blocks: list[Block], seed: int, epoch: int, steps: int,
+                  layout: tuple[int, int] | None = None) -> list[list[np.ndarray]]:
     """[step][rank] -> that rank's row indices."""
-    orders = [visit_order(len(b[1]), seed, rank, epoch) for rank, b in enumerate(blocks)]
+    orders = [visit_order(len(b[1]), seed, rank, epoch, layout) for rank, b in enumerate(blocks)]
     return [[step_rows(order, s, steps) for order in orders] for s in range(steps)]
 
 
@@ -266,8 +315,9 @@ class _Run:
     def schedule(self):
         """(t, [rank] -> row indices) for every step of the run."""
         t = 0
+        layout = chunk_layout(self.blocks, self.cfg, self.steps)
         for epoch in range(self.cfg.epochs):
-            for rows in epoch_batches(self.blocks, self.cfg.seed, epoch, self.steps):
+            for rows in epoch_batches(self.blocks, self.cfg.seed, epoch, self.steps, layout):
                 yield t, rows
                 t += 1
 

@@ -18,7 +18,8 @@ DeviceName = Literal["cpu", "cuda", "auto"]
 TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8", "powersgd"]
 BlockSource = Literal["auto", "shuffle", "files"]
-BlockStorage = Literal["auto", "memory", "disk"]
+BlockStorage = Literal["auto", "memory", "disk", "stream"]
+EpochOrderName = Literal["global", "chunks"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
@@ -188,7 +189,10 @@ class TrainConfig:
     training there). `disk`: unnamed files in the executor's Spark local directory, read step by step,
     resident memory bounded by `memory_budget_mb`; bitwise the same result. `auto`: `disk` when a
     block is over half the memory the driver knows a Python worker has (`spark.executor.pyspark.memory`
-    per core, or in local mode this machine's available memory per worker), else `memory`."""
+    per core, or in local mode this machine's available memory per worker), else `memory`. `stream`
+    (blocks=files, epoch_order=chunks): nothing is copied; every epoch each worker reads its rows
+    straight from the Parquet files, window by window in the chunk order (`stream_block`), so the data
+    may exceed the executors' memory and local disks alike."""
     balance: BalanceMode = "even"
     """How many rows each block gets. `even`: sizes differ by at most one row. `speed`: before the blocks are
     cut, a short barrier stage times every rank's training steps on synthetic batches of the real shapes
@@ -198,7 +202,22 @@ class TrainConfig:
     relaunch cuts the same blocks. Spark may run the probe's task i on another executor than training's
     task i: on a cluster of mixed machines, compare metrics.json `balance.probe_hosts` with the training hosts."""
     memory_budget_mb: int = 256
-    """With block_storage=disk: the most of the mapped block a worker keeps resident at once."""
+    """With block_storage=disk: the most of the mapped block a worker keeps resident at once. With
+    epoch_order=chunks it also sizes the shuffle window (see `shuffle_window_mb`)."""
+    epoch_order: EpochOrderName = "global"
+    """The order a worker visits its block in each epoch, seeded by (seed, rank, epoch) either way.
+    `global`: one permutation of the whole block (each step's rows lie anywhere in it). `chunks`: the
+    block's chunks of `chunk_mb` are permuted and rows are shuffled within windows of consecutive chunks
+    (`shuffle_window_mb`), so a block on disk is read sequentially, a window ahead of the step that
+    needs it (the rule: `blocksync.engine.worker.epoch_order.chunk_order`, and the README). Every
+    storage mode gives the same result for the same order."""
+    chunk_mb: float = 4.0
+    """With epoch_order=chunks: the size of a chunk, the unit read sequentially and permuted (MiB of
+    stored rows: 4 bytes a feature, 8 a label, an id or a weight)."""
+    shuffle_window_mb: float | None = None
+    """With epoch_order=chunks: the MiB of rows shuffled together (rounded down to whole chunks, at least
+    one); None: half of `memory_budget_mb` less one local batch, so that the window trained on and the next
+    one, read meanwhile, fit in the budget with one batch."""
     backend: Backend = "horovod"
     """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
     (BarrierTaskContext.allGather; only for tiny models). `auto`: chosen on the driver before launch
@@ -368,6 +387,10 @@ class TrainConfig:
         _choice("blocks", self.blocks, BLOCK_SOURCES)
         _choice("block_storage", self.block_storage, BLOCK_STORAGES)
         _choice("balance", self.balance, get_args(BalanceMode))
+        _choice("epoch_order", self.epoch_order, get_args(EpochOrderName))
+        _positive("chunk_mb", self.chunk_mb)
+        if self.shuffle_window_mb is not None:
+            _positive("shuffle_window_mb", self.shuffle_window_mb)
         _choice("sync", self.sync, SYNC_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
@@ -382,6 +405,10 @@ class TrainConfig:
         if self.early_stopping_patience and self.sync == "parameters":
             raise ValueError("early_stopping_patience needs sync=gradients: with sync=parameters the replicas "
                              "differ between averages, so an epoch's weights are not one model.")
+        if self.block_storage == "stream" and (self.epoch_order != "chunks" or self.blocks == "shuffle"):
+            raise ValueError(f"block_storage=stream reads each block from its Parquet files in the chunk order: set "
+                             f"train.epoch_order=chunks (now {self.epoch_order}) and train from Parquet files "
+                             f"(blocks=files or auto; now {self.blocks}), or use block_storage=disk.")
         if self.blocks == "files" and (self.validation_fraction or self.early_stopping_patience):
             raise ValueError("validation_fraction and early_stopping_patience hold rows out while Spark cuts the "
                              "blocks: set blocks=shuffle, or set them to 0.")

@@ -7,7 +7,7 @@ blocks=files (`driver.shards` makes them, `worker.shard_reader` reads them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
@@ -36,6 +36,22 @@ class ShardPlan:
     pieces: list[list[Piece]]
     weight: str | None = None
     """A numeric column of per-row weights; targets are then (label, weight) pairs."""
+    file_facts: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """path -> (size in bytes, modification time in ns or None) as the driver found them with the footers:
+    block_storage=stream checks every file against them before it reads it."""
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """How train.epoch_order=chunks cuts a block (`worker.epoch_order`): `chunk_rows` consecutive rows a
+    chunk, `window_chunks` chunks a shuffle window."""
+
+    chunk_rows: int
+    window_chunks: int
+
+    @property
+    def window_rows(self) -> int:
+        return self.chunk_rows * self.window_chunks
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,9 @@ class WorkerPlan:
     global batch divided by its summed weights."""
     launched_at: float = 0.0
     """time.time() on the driver as it submitted this attempt's stage (`startup`); 0: unknown."""
+    chunks: ChunkLayout | None = None
+    """train.epoch_order=chunks: the chunk and window sizes every rank cuts its block by (the driver
+    fixes them from the row width, `chunk_mb` and the budget); None: the global permutation."""
     inputs: InputSpec | None = None
     """Typed inputs (`num_features` is the width of the numeric ones, `id_width` of the id ones); None:
     one feature matrix."""

@@ -54,8 +54,14 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
     # Param name: (TrainConfig field, converter, doc)
     "numWorkers": ("num_workers", _INT, "number of blocks and barrier tasks (one rank each)"),
     "backend": ("backend", _STR, "collective: horovod, torch_gloo, spark or auto (chosen before launch)"),
-    "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory or disk"),
+    "blockStorage": ("block_storage", _STR, "where workers keep their block: auto, memory, disk or stream "
+                     "(Parquet datasets read from their files, with epochOrder=chunks)"),
     "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
+    "epochOrder": ("epoch_order", _STR, "global (one permutation of each block) or chunks (permuted chunks, "
+                   "rows shuffled within windows of them: sequential reads for blocks on disk)"),
+    "chunkMb": ("chunk_mb", _FLOAT, "with epochOrder=chunks: MiB of rows a chunk"),
+    "shuffleWindowMb": ("shuffle_window_mb", _optional(_FLOAT), "with epochOrder=chunks: MiB of rows shuffled "
+                        "together; None: half the memory budget less one batch"),
     "sync": ("sync", _STR, "gradients (all-reduce every step) or parameters (average every syncEvery steps)"),
     "syncEvery": ("sync_every", _INT, "K local steps between parameter averages with sync=parameters"),
     "model": ("model", _dict_of(ModelSpec), "the network: {'name': 'mlp', 'hidden': [128, 64], ...}"),

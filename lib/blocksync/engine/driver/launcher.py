@@ -30,7 +30,7 @@ from blocksync.engine.driver.metrics import run_metrics
 from blocksync.engine.driver.scan import parquet_scan_files
 from blocksync.engine.driver.shards import plan_shards
 from blocksync.engine.driver.spark_facts import is_connect, is_local
-from blocksync.engine.driver.storage import resolve_storage, worker_memory
+from blocksync.engine.driver.storage import resolve_chunks, resolve_storage, worker_memory
 from blocksync.engine.errors import CollectiveError, TrainingError
 from blocksync.engine.inputs import Input, InputSpec
 from blocksync.engine.losses import check_loss
@@ -347,8 +347,10 @@ def train_blocks(
     per_epoch = steps_per_epoch(total_rows, config.batch_size)
     id_width = info.inputs.id_width if info.inputs is not None else 0
     weighted = (shards.weight is not None) if shards else WEIGHT in blocks.columns
-    storage = resolve_storage(config, info.sizes, storage_width(info.num_features, id_width, 2 if weighted else 1),
-                              per_epoch, worker_memory(spark, config.num_workers))
+    width = storage_width(info.num_features, id_width, 2 if weighted else 1)
+    storage = resolve_storage(config, info.sizes, width, per_epoch, worker_memory(spark, config.num_workers),
+                              has_files=shards is not None)
+    chunks = resolve_chunks(config, info.sizes, width, per_epoch, storage)
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,
@@ -359,6 +361,7 @@ def train_blocks(
         block_rows=list(info.sizes),
         val_rows=list(info.val_sizes) if info.val_sizes is not None else None,
         storage=storage,
+        chunks=chunks,
         weighted=weighted,
         inputs=info.inputs,
         balance=balance.to_dict() if balance is not None else None,

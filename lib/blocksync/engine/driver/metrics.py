@@ -90,6 +90,8 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "peak_anon_mb": [s.get("peak_anon_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         # The optimizer's state tensors on each rank (Adam: 2 x 4 bytes a parameter; 1/N of that sharded).
         "optimizer_bytes_per_rank": [s.get("optimizer_bytes") for s in sorted(summaries, key=lambda s: s["rank"])],
+        # epoch_order=chunks from disk or stream: each rank's window reading, overlapped with its steps
+        "read_seconds": [s.get("read_seconds", 0.0) for s in sorted(summaries, key=lambda s: s["rank"])],
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
         "payload_bytes_per_step": summaries[0]["payload_bytes"] / max(steps, 1),
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),

@@ -172,5 +172,8 @@ def plan_shards(
             if start < stop:
                 pieces[rank].append(Piece(path, rg.id, start - lo, stop - lo))
         offset = hi
-    plan = ShardPlan(filesystem=dataset.filesystem, features=columns, label=label, pieces=pieces, weight=weight)
+    paths_used = sorted({p.path for rank_pieces in pieces for p in rank_pieces})
+    facts = {i.path: (int(i.size), i.mtime_ns) for i in dataset.filesystem.get_file_info(paths_used)}
+    plan = ShardPlan(filesystem=dataset.filesystem, features=columns, label=label, pieces=pieces, weight=weight,
+                     file_facts=facts)
     return plan, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)

@@ -21,7 +21,9 @@ from pyspark.sql import SparkSession
 
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.driver.spark_facts import is_connect, is_local
+from blocksync.engine.plan import ChunkLayout
 from blocksync.engine.worker.block_store import min_budget_bytes, row_bytes
+from blocksync.engine.worker.epoch_order import chunk_layout, window_budget_bytes
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,9 @@ def worker_memory(spark: SparkSession | None, num_workers: int) -> tuple[int, st
 
 
 def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
-                    memory: tuple[int, str] | None) -> str:
-    """`memory` or `disk` for every rank; raises ValueError (exit 2) for a block that cannot work."""
+                    memory: tuple[int, str] | None, has_files: bool = False) -> str:
+    """`memory`, `disk` or `stream` (only when blocks are read from files: `has_files`) for every rank;
+    raises ValueError (exit 2) for a block that cannot work."""
     largest = max(block_rows, default=0) * row_bytes(num_features)
     storage = config.block_storage
     if storage == "auto":
@@ -69,13 +72,17 @@ def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: in
         if memory is None:
             log.info("block_storage=auto: the driver does not know the Python workers' memory "
                      "(set spark.executor.pyspark.memory); keeping blocks in memory")
+    if storage == "stream" and not has_files:
+        raise ValueError("block_storage=stream reads each block from Parquet files, and this run's blocks come from "
+                         "a Spark shuffle: train from Parquet files (train_files, or a plain spark.read.parquet "
+                         "scan with blocks=auto or files), or use block_storage=disk.")
     if storage == "memory" and memory is not None and largest > memory[0]:
         raise ValueError(
             f"block_storage=memory: the largest block holds {largest / 2**20:,.0f} MiB but a Python worker has "
             f"{memory[0] / 2**20:,.0f} MiB ({memory[1]}); set train.block_storage=disk (or auto), or raise "
             "num_workers so that each block is smaller."
         )
-    if storage == "disk":
+    if storage == "disk" and config.epoch_order == "global":  # chunks: `resolve_chunks` checks its windows
         local_batch = math.ceil(max(block_rows, default=0) / steps_per_epoch)
         needed = min_budget_bytes(local_batch, num_features)
         if config.memory_budget_mb * 2**20 < needed:
@@ -84,3 +91,43 @@ def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: in
                 f"rows read from disk; it needs at least {math.ceil(needed / 2**20)}."
             )
     return storage
+
+
+def _mib(size: float) -> str:
+    """Bytes as MiB for a message, rounded up (to 0.001 below 1 MiB, else to a whole MiB)."""
+    mib = size / 2**20
+    return f"{math.ceil(mib * 1000) / 1000:g}" if mib < 1 else f"{math.ceil(mib)}"
+
+
+def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
+                   storage: str) -> ChunkLayout | None:
+    """epoch_order=chunks: the layout every rank cuts its block by (`epoch_order.chunk_layout`); None for
+    the global order. A reader from storage holds two windows and one local batch, each window at least
+    a local batch: a budget (or window) too small for that is refused before launch, naming the minimum."""
+    width = row_bytes(num_features)
+    if config.epoch_order != "chunks":
+        if storage == "disk" and max(block_rows, default=0) * width > config.memory_budget_mb * 2**20:
+            log.info("block_storage=disk with blocks larger than train.memory_budget_mb: each step reads its rows at "
+                     "random positions of the block; where the page cache cannot hold the block (a container's "
+                     "limit), train.epoch_order=chunks reads it sequentially instead")
+        return None
+    local = math.ceil(max(block_rows, default=0) / steps_per_epoch)
+    layout = chunk_layout(width, config.chunk_mb, config.memory_budget_mb, config.shuffle_window_mb, local)
+    if storage == "memory":  # the order only: nothing is read
+        return layout
+    if config.shuffle_window_mb is not None and layout.window_rows < local:
+        raise ValueError(
+            f"train.shuffle_window_mb={config.shuffle_window_mb:g} holds {layout.window_rows} rows, fewer than one "
+            f"local batch of {local} rows; raise it to at least {_mib(local * width)}, or leave it unset."
+        )
+    needed = window_budget_bytes(layout, width, local)
+    if layout.window_rows < local or needed > config.memory_budget_mb * 2**20:
+        if config.shuffle_window_mb is None:  # the smallest window: the fewest whole chunks that hold a batch
+            smallest = ChunkLayout(layout.chunk_rows, max(1, math.ceil(local / layout.chunk_rows)))
+            needed = window_budget_bytes(smallest, width, local)
+        raise ValueError(
+            f"train.memory_budget_mb={config.memory_budget_mb} cannot hold two shuffle windows (the one trained "
+            f"on and the next, read meanwhile) and one local batch of {local} rows with epoch_order=chunks and "
+            f"block_storage={storage}; it needs at least {_mib(needed)}."
+        )
+    return layout

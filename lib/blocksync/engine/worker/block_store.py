@@ -23,6 +23,8 @@ from typing import IO
 import numpy as np
 import torch
 
+from blocksync.engine.worker.stream_block import StreamBlock
+
 PAGE = mmap.PAGESIZE
 LABEL_BYTES = 8  # float64
 
@@ -241,6 +243,24 @@ class DiskBlock:
             self._gather(self._files[1], rows, yb, yb.itemsize * max(1, yb[0].size))
         return tuple(t.to(self.device, non_blocking=True) for t in (x_host, i_host, y_host))  # type: ignore[return-value]
 
+    def empty(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Uninitialized (features, ids, targets) arrays for `rows` rows."""
+        return (np.empty((rows, self.num_features), np.float32), np.empty((rows, self.id_width), np.int64),
+                np.empty((rows, *self.target_shape), np.float64))
+
+    def read_into(self, lo: int, hi: int, out: tuple[np.ndarray, ...], at: int) -> None:
+        """out[k][at:at + hi - lo] = rows [lo, hi) of the block: one sequential read from each file
+        (epoch_order=chunks reads its windows this way, chunk by chunk), no mapping."""
+        rows = hi - lo
+        for f, part in zip(self._files_by_kind(), out, strict=True):
+            target = part[at:at + rows]
+            if f is not None and target.size:  # no ids, or no features
+                _pread_exactly(f.fileno(), memoryview(target.data).cast("B"), lo * (target.nbytes // rows))
+
+    def _files_by_kind(self) -> list[IO[bytes] | None]:
+        """(features, ids, targets) files, in the order of `take`'s tensors (None: no id file)."""
+        return [self._files[0], self._files[2] if self.id_width else None, self._files[1]]
+
     def weights(self) -> torch.Tensor:
         """Every row's weight (8 bytes a row in memory), for the per-step weight sums; rows of
         (label, weight) only."""
@@ -292,6 +312,16 @@ class DiskBlock:
             f.close()
 
 
-Block = MemoryBlock | DiskBlock
+def _pread_exactly(fd: int, buffer: memoryview, offset: int) -> None:
+    """Fill `buffer` from `fd` at `offset` (a regular file reads short only at its end: an error here)."""
+    done = 0
+    while done < len(buffer):
+        got = os.preadv(fd, [buffer[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"the block's file ended {len(buffer) - done} bytes early at offset {offset + done}")
+        done += got
+
+
+Block = MemoryBlock | DiskBlock | StreamBlock
 """A rank's rows, wherever they are kept: `rows`, `take(idx)` (rows in idx order, on the device: features,
 ids and targets, see `block_data.split_targets`), `weights()` (with per-row weights), `close()`."""

@@ -45,10 +45,10 @@ def iter_pieces(plan: ShardPlan, rank: int, num_features: int) -> Iterator[tuple
                 f"cannot read {piece.path} on this executor ({err}); blocks=files needs the files at the same "
                 "path on every executor (a shared filesystem or object store), else use blocks=shuffle."
             ) from err
-        yield _piece_arrays(plan, table.slice(piece.start, piece.stop - piece.start), num_features)
+        yield piece_arrays(plan, table.slice(piece.start, piece.stop - piece.start), num_features)
 
 
-def _piece_arrays(plan: ShardPlan, table: pa.Table, num_features: int) -> tuple[np.ndarray, np.ndarray]:
+def piece_arrays(plan: ShardPlan, table: pa.Table, num_features: int) -> tuple[np.ndarray, np.ndarray]:
     for name in [*plan.features, plan.label, *([plan.weight] if plan.weight else [])]:
         if table.column(name).null_count:
             raise ValueError(f"{table.column(name).null_count} rows have a null {name!r}; drop or fill them first.")

@@ -26,9 +26,11 @@ from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
-from blocksync.engine.worker.block_data import batch_slices, epoch_permutation, split_targets
+from blocksync.engine.worker.block_data import batch_slices, split_targets
+from blocksync.engine.worker.epoch_order import epoch_order
 from blocksync.engine.worker.shard_resume import load_shard, resharded_rank_state
 from blocksync.engine.worker.state_fits import check_state_fits
+from blocksync.engine.worker.window_reader import Feed, open_feed
 
 if TYPE_CHECKING:
     from blocksync.engine.plan import WorkerPlan
@@ -150,6 +152,7 @@ class Trainer:
         self.check_pending = False  # a replica check is due at the next step where replicas are in sync
         # Per step: start (s since this attempt's loop began), data, compute, sync, optimizer seconds.
         self.timings = np.zeros((plan.total_steps, 5), dtype=np.float64)
+        self.read_seconds = 0.0  # epoch_order=chunks on disk: the window reader's time, overlapped with steps
         self.started = time.perf_counter()
 
     def resume(self, path: str) -> None:
@@ -185,16 +188,22 @@ class Trainer:
         self.started = time.perf_counter()
         for epoch in range(self.step_count // per_epoch, self.cfg.epochs):
             rows = self.block.rows
-            order = torch.from_numpy(epoch_permutation(rows, self.cfg.seed, self.rank, epoch)).to(self.device)
+            order = epoch_order(rows, self.cfg.seed, self.rank, epoch, self.plan.chunks)
             slices = batch_slices(rows, per_epoch)
             if self.plan.weighted:
-                self.global_batch = self.step_weights(order, slices)
-            for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
-                self.step(epoch, s_in_epoch, order, slices[s_in_epoch])
-                if self.first_step_done_at is None:
-                    self.first_step_done_at = time.time()
-                if s_in_epoch < per_epoch - 1:
-                    self.snapshot()
+                self.global_batch = self.step_weights(order.rows, slices)
+            first = self.step_count - epoch * per_epoch
+            feed = open_feed(self.block, order, slices[first][0], self.device)
+            try:
+                for s_in_epoch in range(first, per_epoch):
+                    self.step(epoch, s_in_epoch, feed, slices[s_in_epoch])
+                    if self.first_step_done_at is None:
+                        self.first_step_done_at = time.time()
+                    if s_in_epoch < per_epoch - 1:
+                        self.snapshot()
+            finally:
+                feed.close()
+                self.read_seconds += feed.read_seconds
             self.end_epoch(epoch)
             stop = self.stop_early()  # before the snapshot: a resumed run needs this epoch's best weights
             self.snapshot()
@@ -207,21 +216,20 @@ class Trainer:
         check_replicas(self.coll, self.model, self.step_count)
         return seconds
 
-    def step_weights(self, order: torch.Tensor, slices: list[tuple[int, int]]) -> np.ndarray:
+    def step_weights(self, order: np.ndarray, slices: list[tuple[int, int]]) -> np.ndarray:
         """Collective, once an epoch: each step's summed row weights over every rank's slice, the
         denominator of that step's weighted mean, known to every rank before the step."""
-        weights = self.block.weights().double()[order.cpu()]
+        weights = self.block.weights().double()[torch.from_numpy(order)]
         local = torch.tensor([float(weights[lo:hi].sum()) for lo, hi in slices], dtype=torch.float64)
         # float64 all the way: every rank divides by the same bits the reference sums to.
         return self.coll.allreduce_sum(local).numpy().astype(np.float64)
 
-    def step(self, epoch: int, s_in_epoch: int, order: torch.Tensor, bounds: tuple[int, int]) -> None:
+    def step(self, epoch: int, s_in_epoch: int, feed: Feed, bounds: tuple[int, int]) -> None:
         step, (lo, hi) = self.step_count, bounds
         self.beat.at(step, "compute")
         _inject_fault(self.plan, self.rank, step, self.beat)
         t_data = time.perf_counter()
-        idx = order[lo:hi]
-        xb, ib, yb = self.block.take(idx)
+        xb, ib, yb = feed.take(lo, hi)  # with a window reader: includes any wait for the next window
         t_compute = time.perf_counter()
         if self.buckets is not None:
             self.buckets.arm(float(self.global_batch[s_in_epoch]))

@@ -38,6 +38,7 @@ from blocksync.engine.worker.block_store import (
 )
 from blocksync.engine.worker.shard_reader import iter_pieces
 from blocksync.engine.worker.startup import StartupClock
+from blocksync.engine.worker.stream_block import StreamBlock
 from blocksync.engine.worker.trainer import Trainer, params_digest
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,12 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
         pieces = _checked(plan, _incoming(plan, batches, rank))
         if plan.val_rows is not None:
             pieces = _split_tail(pieces, expected, held_out)
+        if plan.storage == "stream":
+            assert plan.shards is not None, "the driver allows stream with blocks=files only"
+            for _ in batches:  # the rank's placeholder row (as `_incoming` does)
+                pass
+            return StreamBlock(plan.shards, rank, plan.num_features,
+                               lambda x, ids, y: _validate_block(plan, x, ids, y)), ""
         if plan.storage == "disk":
             writer = DiskBlockWriter(plan.num_features, expected, target_columns=plan.target_columns,
                                      id_width=plan.id_width)
@@ -314,6 +321,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "peak_rss_mb": peak_rss_mb(),
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
+        "read_seconds": trainer.read_seconds,
         "epochs_run": len(trainer.history),
         **facts,
         "bytes_sent": float(trainer.traffic[1]),
