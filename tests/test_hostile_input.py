@@ -272,3 +272,164 @@ def test_executors_without_blocksync_get_one_line_and_the_fix(tmp_path):
     assert lines[0].startswith("blocksync: error: the executors' Python cannot import 'blocksync'")
     assert "spark.pyspark.python" in lines[0] and "--py-files" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def run_directory(path: Path, features: list[str]) -> Path:
+    """A CLI run's model/ (a logistic regression with seeded weights, as `save_model` writes it): predict needs
+    no training to be tried."""
+    import torch
+
+    from blocksync import ModelSpec
+    from blocksync.pipeline.artifacts import model_meta, save_model
+
+    torch.manual_seed(0)
+    width = len(features)
+    meta = model_meta(ModelSpec(name="logreg"), width, 3, {"task": "classification", "feature_columns": features,
+                      "label_column": "label", "labels": [0, 1, 2], "mean": [0.0] * width, "std": [1.0] * width})
+    save_model(path / "model", torch.nn.Linear(width, 3), meta)
+    return path
+
+
+def predict_cases(spark, tmp: Path) -> list[tuple[str, list[str], str]]:
+    """Mistakes on `blocksync predict` and on the models it loads, each with its own --output under tmp/out."""
+    import shutil
+
+    from blocksync.pipeline.predict import run_model
+    from blocksync.pipeline.run_files import RunFiles
+
+    run = run_directory(tmp / "run", ["a", "b"])
+    rows = frame().drop(columns="label")
+    rows.to_parquet(tmp / "new.parquet")
+    nulls, nans = rows.copy(), rows.copy()
+    nulls.loc[3, "a"] = None
+    nulls.astype({"a": "Float64"}).to_parquet(tmp / "nulls.parquet")  # a real null, not NaN
+    nans.loc[5, "b"] = np.nan
+    nans.to_parquet(tmp / "nans.parquet")
+    (tmp / "input-dir").mkdir()
+    rows.to_parquet(tmp / "input-dir" / "part-0.parquet")
+    (tmp / "a-file").write_text("not a folder")
+
+    def damaged(name: str, edit) -> str:
+        copy = tmp / f"model-{name}"
+        shutil.copytree(run, copy)
+        edit(copy / "model")
+        return str(copy)
+
+    def edit_json(**changes):
+        def edit(folder: Path) -> None:
+            meta = json.loads((folder / "model.json").read_text())
+            (folder / "model.json").write_text(json.dumps({**meta, **changes}))
+        return edit
+
+    ml_model = str(tmp / "ml-model")
+    run_model(RunFiles(spark, str(run), setting="--model"), trust_custom_code=False)[0].save(ml_model)
+    ml_truncated = tmp / "ml-truncated"
+    shutil.copytree(ml_model, ml_truncated)
+    part = next((ml_truncated / "weights").glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:200])
+    ml_edited = tmp / "ml-edited"
+    shutil.copytree(ml_model, ml_edited)
+    (next((ml_edited / "metadata").glob("part-*"))).write_text("{not json")
+    out = tmp / "out"
+    predict = ["predict", "--quiet"]
+    table = [
+        ("null in a feature column", ["--model", str(run), "--input", str(tmp / "nulls.parquet")],
+         "--input: a row has a null, NaN or infinite value in feature column(s) ['a', 'b']; the model scores "
+         "numbers only: fill or drop those rows first"),
+        ("NaN in a feature column", ["--model", str(run), "--input", str(tmp / "nans.parquet")],
+         "--input: a row has a null, NaN or infinite value in feature column(s) ['a', 'b']"),
+        ("model.json that is not JSON", ["--model", damaged("notjson", lambda f: (f / "model.json").write_bytes(
+            b"\x00\xffgarbage")), "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (not UTF-8 JSON"),
+        ("truncated weights", ["--model", damaged("truncated", lambda f: (f / "model.safetensors").write_bytes(
+            (f / "model.safetensors").read_bytes()[:60])), "--input", str(tmp / "new.parquet")],
+         "model.safetensors is not a blocksync model file or is damaged (not safetensors"),
+        ("edited widths", ["--model", damaged("width", edit_json(num_features=4, mean=None, std=None)),
+                           "--input", str(tmp / "new.parquet")],
+         "model.safetensors is not a blocksync model file or is damaged (its tensors do not fit the network in"),
+        ("edited task", ["--model", damaged("task", edit_json(task="ranking")), "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (task='ranking': not one of"),
+        ("edited standardization", ["--model", damaged("mean", edit_json(mean=[0.0])),
+                                    "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (mean holds 1 values for 2 features)"),
+        ("Spark ML model with truncated weights", ["--model", str(ml_truncated), "--input", str(tmp / "new.parquet")],
+         "ml-truncated/weights is not a blocksync model file or is damaged"),
+        ("Spark ML model with edited metadata", ["--model", str(ml_edited), "--input", str(tmp / "new.parquet")],
+         "ml-edited/metadata is not a blocksync model file or is damaged"),
+    ]
+    cases = [(name, [*predict, *extra, "--output", str(out / str(i))], message)
+             for i, (name, extra, message) in enumerate(table)]
+    new = ["--model", str(run), "--input", str(tmp / "input-dir")]
+    overlapping = [
+        ("--output under a file", [*new, "--overwrite", "--output", str(tmp / "a-file" / "out")],
+         "a-file is a file, so the directory cannot be made there; choose another --output"),
+        ("--output is a file", [*new, "--overwrite", "--output", str(tmp / "a-file")],
+         "is a file, not a directory; choose another --output"),
+        ("--output is --input", [*new, "--overwrite", "--output", str(tmp / "input-dir")],
+         "input-dir' is --input ("),
+        ("--output is --input, spelled another way", [*new, "--overwrite", "--output", f"{tmp}/./input-dir/"],
+         "is --input ("),
+        ("--output inside --input", [*new, "--output", str(tmp / "input-dir" / "scored")],
+         "input-dir/scored' lies inside --input ("),
+        ("--output contains --input", [*new, "--overwrite", "--output", str(tmp)], "contains --input ("),
+        ("--output is --model", ["--model", str(run), "--input", str(tmp / "new.parquet"), "--overwrite",
+                                 "--output", str(run)], "run' is --model ("),
+        ("--output on an unwritable path", [*new, "--output", "/proc/blocksync-scored"], "cannot be written"),
+    ]
+    return cases + [(name, [*predict, *extra], message) for name, extra, message in overlapping]
+
+
+def config_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    latin1 = tmp / "latin1.yaml"
+    latin1.write_bytes("train:\n  lr: 0.01  # \xe9t\xe9\n".encode("latin-1"))
+    binary = tmp / "model.safetensors.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    tabs = tmp / "tabs.yaml"
+    tabs.write_text("train:\n\tlr: 0.01\n")
+    folder = tmp / "conf-folder"
+    folder.mkdir()
+    return [
+        ("config not UTF-8", ["run", "--config", str(latin1)],
+         "latin1.yaml: is not UTF-8 text (byte 21: b'\\xe9'); save it as UTF-8 YAML"),
+        ("config that is binary", ["run", "--config", str(binary)], "model.safetensors.yaml: is not UTF-8 text"),
+        ("config with tabs", ["run", "--config", str(tabs)], "tabs.yaml: malformed YAML at line 2"),
+        ("config that is a folder", ["run", "--config", str(folder)], "conf-folder: is a folder, not a YAML file"),
+    ]
+
+
+def weight_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    zero, tiny = frame(w=np.zeros(40)), frame(w=np.full(40, 1e-45))
+    zero.to_parquet(tmp / "zero-weights.parquet")
+    tiny.to_parquet(tmp / "tiny-weights.parquet")
+    base = ["run", "--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1",
+            "data.weight=w"]
+    return [
+        ("all-zero weights", [*base, f"data.source={tmp / 'zero-weights.parquet'}", f"output_dir={tmp / 'out' / 'w0'}"],
+         "data.weight='w': all rows' weights sum to 0, and a loss weighted by them has no mean"),
+        ("weights too small to sum", [*base, f"data.source={tmp / 'tiny-weights.parquet'}",
+                                      f"output_dir={tmp / 'out' / 'w1'}"],
+         "data.weight='w': all rows' weights sum to 4e-44"),
+    ]
+
+
+def test_hostile_predict_load_and_config_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
+    table = predict_cases(spark, tmp_path) + config_cases(tmp_path) + weight_cases(tmp_path)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
+                           str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    failures = []
+    for (name, _, message), result in zip(table, results, strict=True):
+        lines = [ln for ln in result["stderr"].splitlines() if ln.startswith("blocksync:")]
+        ok = result["code"] == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in result["stderr"]
+        if not ok:
+            failures.append((name, result["code"], lines or result["stderr"][-500:]))
+    assert not failures, failures
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "results.json")
+    assert after == before  # nothing written, nothing removed: the input read under --overwrite is intact
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+    assert not Path("/proc/blocksync-scored").exists()
