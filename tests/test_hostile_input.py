@@ -433,3 +433,97 @@ def test_hostile_predict_load_and_config_exit_2_with_one_line_and_write_nothing(
     assert after == before  # nothing written, nothing removed: the input read under --overwrite is intact
     assert (tmp_path / "a-file").read_text() == "not a folder"
     assert not Path("/proc/blocksync-scored").exists()
+
+
+def test_spark_ml_api_refuses_bad_params_when_set_and_bad_rows_and_weights_with_their_cause(spark, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+
+    from blocksync import TrainConfig, train
+    from blocksync.engine.errors import TrainingError
+    from blocksync.ml import BlockSyncClassificationModel, BlockSyncClassifier, BlockSyncRegressor
+
+    # Params: a bad value raises when it is set (constructor, setter, setParams), naming the Param; nothing
+    # waits for fit.
+    with pytest.raises(ValueError, match=r"Param numWorkers: num_workers=0 must be > 0"):
+        BlockSyncClassifier(numWorkers=0)
+    clf = BlockSyncClassifier(numWorkers=2, backend="torch_gloo", epochs=1, featuresCols=["a", "b"])
+    with pytest.raises(ValueError, match=r"Param backend: backend='nccl' is not one of horovod, torch_gloo, spark"):
+        clf.setBackend("nccl")
+    with pytest.raises(ValueError, match=r"Param labelSmoothing: label_smoothing=1.5 must be in \[0, 1\)"):
+        clf.setParams(labelSmoothing=1.5)
+    with pytest.raises(ValueError, match=r"Param numClasses: num_classes=1 must be >= 2"):
+        BlockSyncClassifier(numClasses=1)
+    with pytest.raises(ValueError, match=r"progress='loud': choose one of \['off', 'log', 'bar'\]"):
+        BlockSyncRegressor(progress="loud")
+    with pytest.raises(ValueError, match=r"Param compression: compression='zip' is not one of"):
+        BlockSyncRegressor(compression="zip")
+    assert clf.getOrDefault("backend") == "torch_gloo"  # a refused value leaves the Param as it was
+
+    # Row weights: all zero, through a shuffle (the driver's pass) and through a plain Parquet scan (each
+    # worker reads its own files: the ranks' summed weight is checked after the first epoch).
+    zero = frame(w=np.zeros(40))
+    zero.to_parquet(tmp_path / "zero.parquet")
+    with pytest.raises(ValueError, match=r"weight column 'w': the training rows' weights sum to 0, and a loss "
+                                         r"weighted by them has no mean"):
+        clf.copy().setWeightCol("w").fit(spark.createDataFrame(zero))
+    with pytest.raises(TrainingError, match=r"the row weights: the training rows' weights sum to 0") as caught:
+        clf.copy().setWeightCol("w").fit(spark.read.parquet(str(tmp_path / "zero.parquet")))
+    assert caught.value.kind == "input"
+    with pytest.raises(ValueError, match=r"weight column 'w': the training rows' weights sum to 4e-44"):
+        train(spark, spark.createDataFrame(frame(w=np.full(40, 1e-45))),
+              TrainConfig(num_workers=2, backend="torch_gloo", epochs=1), features=["a", "b"], weight="w")
+
+    # Scoring rows with a null or NaN feature: the query fails with the cause, naming featuresCol.
+    model = clf.fit(spark.createDataFrame(frame()))
+    assert isinstance(model, BlockSyncClassificationModel)
+    holes = frame()
+    holes.loc[4, "b"] = np.nan
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCols has a null, NaN or infinite value "
+                                        r"in a row; the network scores numbers only"):
+        model.transform(spark.createDataFrame(holes)).collect()
+    nulls = spark.createDataFrame(frame()).selectExpr("IF(a > 1, NULL, a) AS a", "b")
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCols has a null, NaN or infinite"):
+        model.transform(nulls).collect()
+    vectors = VectorAssembler(inputCols=["a", "b"], outputCol="features", handleInvalid="keep").transform(nulls)
+    on_vectors = model.copy()
+    on_vectors.clear(on_vectors.featuresCols)
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCol 'features' has a null, NaN or "):
+        on_vectors.setFeaturesCol("features").transform(vectors).collect()
+
+    # Saving under a file: the path is named, and nothing is left.
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"a-file/model cannot be written \(ParentNotDirectoryException: .*\); "
+                                         r"save to another path"):
+        model.save(str(tmp_path / "a-file" / "model"))
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_a_disk_that_fills_while_scoring_leaves_the_previous_output_and_nothing_else(tmp_path):
+    """A real full disk: --output on a 256 KiB tmpfs (mounting needs root; skipped, saying so, without)."""
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        run = run_directory(tmp_path / "run", ["a", "b"])
+        rng = np.random.default_rng(1)
+        pd.DataFrame({"a": rng.normal(size=200_000), "b": rng.normal(size=200_000)}).to_parquet(
+            tmp_path / "many.parquet")
+        (disk / "scored").mkdir()
+        (disk / "scored" / "previous.txt").write_text("the last good output")
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        proc = subprocess.run([sys.executable, "-m", "blocksync.pipeline.cli", "predict", "--quiet", "--overwrite",
+                               "--model", str(run), "--input", str(tmp_path / "many.parquet"),
+                               "--output", str(disk / "scored")], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("blocksync:")]
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith(f"blocksync: failed: OSError: writing the scored rows to "
+                                                       f"--output {disk / 'scored'} failed (")
+        assert "No space left on device" in lines[0] or "ENOSPC" in lines[0], lines[0]
+        assert sorted(p.name for p in disk.iterdir()) == ["scored"]  # no staging folder left
+        assert [p.name for p in (disk / "scored").iterdir()] == ["previous.txt"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -39,6 +39,8 @@ class PersistedModel(Model):
 log = logging.getLogger(__name__)
 
 FORMAT = "blocksync-ml-model/1"
+UNWRITABLE = ("ParentNotDirectoryException", "AccessControlException", "AccessDeniedException")
+"""Hadoop's errors for a path that cannot be made (under a file, no permission): the caller's to fix."""
 CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -75,9 +77,12 @@ class ModelWriter(MLWriter):
             remove_path(spark, path)
         try:
             self.saveImpl(path)
-        except BaseException:
+        except BaseException as err:
             if path_exists(spark, path):
                 remove_path(spark, path)  # nothing half-written
+            cause = root_cause(err)
+            if cause.split(":")[0] in UNWRITABLE:
+                raise ValueError(f"{path} cannot be written ({cause}); save to another path.") from err
             raise
 
     def saveImpl(self, path: str) -> None:

@@ -36,7 +36,7 @@ from blocksync.ml.model import (
     raised_by_check,
     reject,
 )
-from blocksync.ml.persistence import load_metadata
+from blocksync.ml.persistence import load_metadata, root_cause
 from blocksync.pipeline.artifacts import META, load_model_from
 from blocksync.pipeline.leftovers import StagedOutput, sweep
 from blocksync.pipeline.outputs import check_output, read_root, refuse_overlap
@@ -139,9 +139,10 @@ def predict(spark: SparkSession, model: str, source: str, output: str, *, overwr
             scored.write.parquet(staged.uri())
         except Exception as err:
             raised = raised_by_check(err)  # a row failed a check in the query (null features, width)
-            if raised is None:
-                raise
-            raise ValueError(f"--input: {raised}") from err
+            if raised is not None:
+                raise ValueError(f"--input: {raised}") from err
+            raise OSError(f"writing the scored rows to --output {target.display()} failed ({root_cause(err)}); "
+                          "nothing was left there") from err
         rows = int(spark.read.parquet(staged.uri()).count())
         staged.commit(overwrite=overwrite)
     return rows
