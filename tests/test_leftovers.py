@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,19 +92,19 @@ def start_run(tmp: Path, output: Path) -> subprocess.Popen:
         start_new_session=True)
 
 
-def wait_for_training(proc: subprocess.Popen, timeout: float = 240) -> None:
-    """Until the run logs its first epoch: the barrier stage is running."""
-    deadline = time.time() + timeout
+def wait_for_training(proc: subprocess.Popen, timeout: float = 240) -> list[str]:
+    """Until the run logs its first epoch (the barrier stage is running); returns the stderr lines so far, a
+    list that a reader thread keeps filling."""
+    lines: list[str] = []
     assert proc.stderr is not None
-    os.set_blocking(proc.stderr.fileno(), False)
-    seen = ""
+    threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    deadline = time.time() + timeout
     while time.time() < deadline:
-        seen += proc.stderr.read() or ""
-        if "epoch 1" in seen.lower() or "train_loss" in seen:
-            return
-        assert proc.poll() is None, seen[-2000:]
+        if any("epoch 1 step" in line for line in lines):
+            return lines
+        assert proc.poll() is None, "".join(lines)[-2000:]
         time.sleep(0.2)
-    raise AssertionError(f"no epoch logged in {timeout} s: {seen[-2000:]}")
+    raise AssertionError(f"no epoch logged in {timeout} s: {''.join(lines)[-2000:]}")
 
 
 def descendants(pid: int) -> list[int]:
@@ -116,13 +117,15 @@ def test_sigterm_stops_the_barrier_stage_and_removes_the_staging_folder(tmp_path
     output = tmp_path / "run"
     proc = start_run(tmp_path, output)
     try:
-        wait_for_training(proc)
+        lines = wait_for_training(proc)
         family = descendants(proc.pid)
         assert list(tmp_path.glob(".run.partial-*"))  # the staging folder exists while it trains
         sent = time.time()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         took = time.time() - sent
+        time.sleep(0.5)  # the reader thread takes the last lines
+        err = "".join(lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

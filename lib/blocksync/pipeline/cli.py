@@ -47,7 +47,8 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
                      description="Block-synchronous PyTorch training on Spark.")
     if stage is None:
-        parser.add_argument("stage", choices=STAGES, help="what to run (or: predict --model M --input I --output O)")
+        parser.add_argument("stage", choices=STAGES,
+                            help="what to run (or: predict --model M --input I --output O; clean --output DIR)")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
     parser.add_argument("--quiet", action="store_true",

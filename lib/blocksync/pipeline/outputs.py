@@ -24,8 +24,9 @@ def check_output(files: RunFiles, *, overwrite: bool) -> None:
     setting, where = files.setting, files.display()
     if files.is_file():
         raise ValueError(f"{setting}={where!r} is a file, not a directory; choose another {setting}.")
-    if files.exists() and not overwrite:
-        raise FileExistsError(f"{setting}={where!r} already exists; pass --overwrite or choose another {setting}.")
+    if files.exists() and not overwrite:  # output_dir is shown as the path alone, --output with its flag
+        shown, other = (where, setting) if setting == "output_dir" else (f"{setting} {where}", "path")
+        raise FileExistsError(f"{shown} already exists; pass --overwrite or choose another {other}.")
     ancestor, is_file, ancestor_uri = files.nearest_existing_above()
     if is_file:
         raise ValueError(f"{setting}={where!r}: {ancestor} is a file, so the directory cannot be made there; "
