@@ -414,8 +414,8 @@ def weight_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
 
 def test_hostile_predict_load_and_config_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
     table = predict_cases(spark, tmp_path) + config_cases(tmp_path) + weight_cases(tmp_path)
-    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
                            str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
