@@ -128,7 +128,8 @@ def _judge(files: RunFiles, folder: str, modified: float, stale_hours: float, re
 
 class StagedOutput:
     """`.<name>.partial-<id>/` beside `target`, signed (`claim`); its entry `<name>` (`files`, `uri`) is
-    written, then renamed onto `target` (`commit`). Leaving the block removes the folder, committed or not."""
+    written, then renamed onto `target` (`commit`). Leaving the block removes the folder, committed or not,
+    and without a commit also the empty folders above it that it made."""
 
     def __init__(self, target: RunFiles) -> None:
         self.parent, self.name = target.parent()
@@ -136,7 +137,13 @@ class StagedOutput:
         self.entry = f"{self.folder}/{self.name}"
 
     def __enter__(self) -> StagedOutput:
+        self.made: RunFiles | None = None  # the highest folder that making the staging folder creates
+        above = self.parent
+        while not above.exists():
+            self.made = above
+            above = above.parent()[0]
         claim(self.parent, self.folder)
+        self.committed = False
         return self
 
     @property
@@ -148,6 +155,9 @@ class StagedOutput:
 
     def commit(self, *, overwrite: bool) -> None:
         self.parent.move_into_place(self.entry, self.name, overwrite=overwrite)
+        self.committed = True
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self.parent.discard(self.folder)
+        if not self.committed and self.made is not None and not self.made.holds_files():
+            self.made.discard("")  # the folders made for it, unless something else was written there meanwhile

@@ -222,6 +222,10 @@ class RunFiles:
         other._bind(self._fs, self._fs.makeQualified(self._path(name)))
         return other
 
+    def holds_files(self) -> bool:
+        """Whether a file lies anywhere under this directory."""
+        return bool(self._call("listing", "", lambda: self._fs.listFiles(self._root, True).hasNext()))
+
     def entries(self, name: str = "") -> list[tuple[str, float]]:
         """The names in the folder `name`, each with its modification time (seconds since the epoch)."""
         statuses = self._call("listing", name, lambda: self._fs.listStatus(self._path(name)))
