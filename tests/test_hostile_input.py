@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -272,3 +273,263 @@ def test_executors_without_blocksync_get_one_line_and_the_fix(tmp_path):
     assert lines[0].startswith("blocksync: error: the executors' Python cannot import 'blocksync'")
     assert "spark.pyspark.python" in lines[0] and "--py-files" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def run_directory(path: Path, features: list[str]) -> Path:
+    """A CLI run's model/ (a logistic regression with seeded weights, as `save_model` writes it): predict needs
+    no training to be tried."""
+    import torch
+
+    from blocksync import ModelSpec
+    from blocksync.pipeline.artifacts import model_meta, save_model
+
+    torch.manual_seed(0)
+    width = len(features)
+    meta = model_meta(ModelSpec(name="logreg"), width, 3, {"task": "classification", "feature_columns": features,
+                      "label_column": "label", "labels": [0, 1, 2], "mean": [0.0] * width, "std": [1.0] * width})
+    save_model(path / "model", torch.nn.Linear(width, 3), meta)
+    return path
+
+
+def predict_cases(spark, tmp: Path) -> list[tuple[str, list[str], str]]:
+    """Mistakes on `blocksync predict` and on the models it loads, each with its own --output under tmp/out."""
+    import shutil
+
+    from blocksync.pipeline.predict import run_model
+    from blocksync.pipeline.run_files import RunFiles
+
+    run = run_directory(tmp / "run", ["a", "b"])
+    rows = frame().drop(columns="label")
+    rows.to_parquet(tmp / "new.parquet")
+    nulls, nans = rows.copy(), rows.copy()
+    nulls.loc[3, "a"] = None
+    nulls.astype({"a": "Float64"}).to_parquet(tmp / "nulls.parquet")  # a real null, not NaN
+    nans.loc[5, "b"] = np.nan
+    nans.to_parquet(tmp / "nans.parquet")
+    (tmp / "input-dir").mkdir()
+    rows.to_parquet(tmp / "input-dir" / "part-0.parquet")
+    (tmp / "a-file").write_text("not a folder")
+
+    def damaged(name: str, edit) -> str:
+        copy = tmp / f"model-{name}"
+        shutil.copytree(run, copy)
+        edit(copy / "model")
+        return str(copy)
+
+    def edit_json(**changes):
+        def edit(folder: Path) -> None:
+            meta = json.loads((folder / "model.json").read_text())
+            (folder / "model.json").write_text(json.dumps({**meta, **changes}))
+        return edit
+
+    ml_model = str(tmp / "ml-model")
+    run_model(RunFiles(spark, str(run), setting="--model"), trust_custom_code=False)[0].save(ml_model)
+    ml_truncated = tmp / "ml-truncated"
+    shutil.copytree(ml_model, ml_truncated)
+    part = next((ml_truncated / "weights").glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:200])
+    ml_edited = tmp / "ml-edited"
+    shutil.copytree(ml_model, ml_edited)
+    (next((ml_edited / "metadata").glob("part-*"))).write_text("{not json")
+    out = tmp / "out"
+    predict = ["predict", "--quiet"]
+    table = [
+        ("null in a feature column", ["--model", str(run), "--input", str(tmp / "nulls.parquet")],
+         "--input: a row has a null, NaN or infinite value in feature column(s) ['a', 'b']; the model scores "
+         "numbers only: fill or drop those rows first"),
+        ("NaN in a feature column", ["--model", str(run), "--input", str(tmp / "nans.parquet")],
+         "--input: a row has a null, NaN or infinite value in feature column(s) ['a', 'b']"),
+        ("model.json that is not JSON", ["--model", damaged("notjson", lambda f: (f / "model.json").write_bytes(
+            b"\x00\xffgarbage")), "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (not UTF-8 JSON"),
+        ("truncated weights", ["--model", damaged("truncated", lambda f: (f / "model.safetensors").write_bytes(
+            (f / "model.safetensors").read_bytes()[:60])), "--input", str(tmp / "new.parquet")],
+         "model.safetensors is not a blocksync model file or is damaged (not safetensors"),
+        ("edited widths", ["--model", damaged("width", edit_json(num_features=4, mean=None, std=None)),
+                           "--input", str(tmp / "new.parquet")],
+         "model.safetensors is not a blocksync model file or is damaged (its tensors do not fit the network in"),
+        ("edited task", ["--model", damaged("task", edit_json(task="ranking")), "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (task='ranking': not one of"),
+        ("edited standardization", ["--model", damaged("mean", edit_json(mean=[0.0])),
+                                    "--input", str(tmp / "new.parquet")],
+         "model.json is not a blocksync model file or is damaged (mean holds 1 values for 2 features)"),
+        ("Spark ML model with truncated weights", ["--model", str(ml_truncated), "--input", str(tmp / "new.parquet")],
+         "ml-truncated/weights is not a blocksync model file or is damaged"),
+        ("Spark ML model with edited metadata", ["--model", str(ml_edited), "--input", str(tmp / "new.parquet")],
+         "ml-edited/metadata is not a blocksync model file or is damaged"),
+    ]
+    cases = [(name, [*predict, *extra, "--output", str(out / str(i))], message)
+             for i, (name, extra, message) in enumerate(table)]
+    new = ["--model", str(run), "--input", str(tmp / "input-dir")]
+    overlapping = [
+        ("--output under a file", [*new, "--overwrite", "--output", str(tmp / "a-file" / "out")],
+         "a-file is a file, so the directory cannot be made there; choose another --output"),
+        ("--output is a file", [*new, "--overwrite", "--output", str(tmp / "a-file")],
+         "is a file, not a directory; choose another --output"),
+        ("--output is --input", [*new, "--overwrite", "--output", str(tmp / "input-dir")],
+         "input-dir' is --input ("),
+        ("--output is --input, spelled another way", [*new, "--overwrite", "--output", f"{tmp}/./input-dir/"],
+         "is --input ("),
+        ("--output inside --input", [*new, "--output", str(tmp / "input-dir" / "scored")],
+         "input-dir/scored' lies inside --input ("),
+        ("--output contains --input", [*new, "--overwrite", "--output", str(tmp)], "contains --input ("),
+        ("--output is --model", ["--model", str(run), "--input", str(tmp / "new.parquet"), "--overwrite",
+                                 "--output", str(run)], "run' is --model ("),
+        ("--output on an unwritable path", [*new, "--output", "/proc/blocksync-scored"], "cannot be written"),
+    ]
+    return cases + [(name, [*predict, *extra], message) for name, extra, message in overlapping]
+
+
+def config_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    latin1 = tmp / "latin1.yaml"
+    latin1.write_bytes("train:\n  lr: 0.01  # \xe9t\xe9\n".encode("latin-1"))
+    binary = tmp / "model.safetensors.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    tabs = tmp / "tabs.yaml"
+    tabs.write_text("train:\n\tlr: 0.01\n")
+    folder = tmp / "conf-folder"
+    folder.mkdir()
+    return [
+        ("config not UTF-8", ["run", "--config", str(latin1)],
+         "latin1.yaml: is not UTF-8 text (byte 21: b'\\xe9'); save it as UTF-8 YAML"),
+        ("config that is binary", ["run", "--config", str(binary)], "model.safetensors.yaml: is not UTF-8 text"),
+        ("config with tabs", ["run", "--config", str(tabs)], "tabs.yaml: malformed YAML at line 2"),
+        ("config that is a folder", ["run", "--config", str(folder)], "conf-folder: is a folder, not a YAML file"),
+    ]
+
+
+def weight_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    zero, tiny = frame(w=np.zeros(40)), frame(w=np.full(40, 1e-45))
+    zero.to_parquet(tmp / "zero-weights.parquet")
+    tiny.to_parquet(tmp / "tiny-weights.parquet")
+    base = ["run", "--config", "conf/local.yaml", "--quiet", "train.backend=torch_gloo", "train.epochs=1",
+            "data.weight=w"]
+    return [
+        ("all-zero weights", [*base, f"data.source={tmp / 'zero-weights.parquet'}", f"output_dir={tmp / 'out' / 'w0'}"],
+         "data.weight='w': all rows' weights sum to 0, and a loss weighted by them has no mean"),
+        ("weights too small to sum", [*base, f"data.source={tmp / 'tiny-weights.parquet'}",
+                                      f"output_dir={tmp / 'out' / 'w1'}"],
+         "data.weight='w': all rows' weights sum to 4e-44"),
+    ]
+
+
+def test_hostile_predict_load_and_config_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
+    table = predict_cases(spark, tmp_path) + config_cases(tmp_path) + weight_cases(tmp_path)
+    (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
+                           str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    failures = []
+    for (name, _, message), result in zip(table, results, strict=True):
+        lines = [ln for ln in result["stderr"].splitlines() if ln.startswith("blocksync:")]
+        ok = result["code"] == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in result["stderr"]
+        if not ok:
+            failures.append((name, result["code"], lines or result["stderr"][-500:]))
+    assert not failures, failures
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "results.json")
+    assert after == before  # nothing written, nothing removed: the input read under --overwrite is intact
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+    assert not Path("/proc/blocksync-scored").exists()
+
+
+def test_spark_ml_api_refuses_bad_params_when_set_and_bad_rows_and_weights_with_their_cause(spark, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+
+    from blocksync import TrainConfig, train
+    from blocksync.engine.errors import TrainingError
+    from blocksync.ml import BlockSyncClassificationModel, BlockSyncClassifier, BlockSyncRegressor
+
+    # Params: a bad value raises when it is set (constructor, setter, setParams), naming the Param; nothing
+    # waits for fit.
+    with pytest.raises(ValueError, match=r"Param numWorkers: num_workers=0 must be > 0"):
+        BlockSyncClassifier(numWorkers=0)
+    clf = BlockSyncClassifier(numWorkers=2, backend="torch_gloo", epochs=1, featuresCols=["a", "b"])
+    with pytest.raises(ValueError, match=r"Param backend: backend='nccl' is not one of horovod, torch_gloo, spark"):
+        clf.setBackend("nccl")
+    with pytest.raises(ValueError, match=r"Param labelSmoothing: label_smoothing=1.5 must be in \[0, 1\)"):
+        clf.setParams(labelSmoothing=1.5)
+    with pytest.raises(ValueError, match=r"Param numClasses: num_classes=1 must be >= 2"):
+        BlockSyncClassifier(numClasses=1)
+    with pytest.raises(ValueError, match=r"progress='loud': choose one of \['off', 'log', 'bar'\]"):
+        BlockSyncRegressor(progress="loud")
+    with pytest.raises(ValueError, match=r"Param compression: compression='zip' is not one of"):
+        BlockSyncRegressor(compression="zip")
+    assert clf.getOrDefault("backend") == "torch_gloo"  # a refused value leaves the Param as it was
+
+    # Row weights: all zero, through a shuffle (the driver's pass) and through a plain Parquet scan (each
+    # worker reads its own files: the ranks' summed weight is checked after the first epoch).
+    zero = frame(w=np.zeros(40))
+    zero.to_parquet(tmp_path / "zero.parquet")
+    with pytest.raises(ValueError, match=r"weight column 'w': the training rows' weights sum to 0, and a loss "
+                                         r"weighted by them has no mean"):
+        clf.copy().setWeightCol("w").fit(spark.createDataFrame(zero))
+    with pytest.raises(TrainingError, match=r"the row weights: the training rows' weights sum to 0") as caught:
+        clf.copy().setWeightCol("w").fit(spark.read.parquet(str(tmp_path / "zero.parquet")))
+    assert caught.value.kind == "input"
+    with pytest.raises(ValueError, match=r"weight column 'w': the training rows' weights sum to 4e-44"):
+        train(spark, spark.createDataFrame(frame(w=np.full(40, 1e-45))),
+              TrainConfig(num_workers=2, backend="torch_gloo", epochs=1), features=["a", "b"], weight="w")
+
+    # Scoring rows with a null or NaN feature: the query fails with the cause, naming featuresCol.
+    model = clf.fit(spark.createDataFrame(frame()))
+    assert isinstance(model, BlockSyncClassificationModel)
+    holes = frame()
+    holes.loc[4, "b"] = np.nan
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCols has a null, NaN or infinite value "
+                                        r"in a row; the network scores numbers only"):
+        model.transform(spark.createDataFrame(holes)).collect()
+    nulls = spark.createDataFrame(frame()).selectExpr("IF(a > 1, NULL, a) AS a", "b")
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCols has a null, NaN or infinite"):
+        model.transform(nulls).collect()
+    vectors = VectorAssembler(inputCols=["a", "b"], outputCol="features", handleInvalid="keep").transform(nulls)
+    on_vectors = model.copy()
+    on_vectors.clear(on_vectors.featuresCols)
+    with pytest.raises(Exception, match=r"blocksync rejected a row: featuresCol 'features' has a null, NaN or "):
+        on_vectors.setFeaturesCol("features").transform(vectors).collect()
+
+    # Saving under a file: the path is named, and nothing is left.
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"a-file/model cannot be written \(ParentNotDirectoryException: .*\); "
+                                         r"save to another path"):
+        model.save(str(tmp_path / "a-file" / "model"))
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_a_disk_that_fills_while_scoring_leaves_the_previous_output_and_nothing_else(tmp_path):
+    """A real full disk: --output on a 256 KiB tmpfs (mounting needs root; skipped, saying so, without)."""
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        run = run_directory(tmp_path / "run", ["a", "b"])
+        rng = np.random.default_rng(1)
+        pd.DataFrame({"a": rng.normal(size=200_000), "b": rng.normal(size=200_000)}).to_parquet(
+            tmp_path / "many.parquet")
+        (disk / "scored").mkdir()
+        (disk / "scored" / "previous.txt").write_text("the last good output")
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        proc = subprocess.run([sys.executable, "-m", "blocksync.pipeline.cli", "predict", "--quiet", "--overwrite",
+                               "--model", str(run), "--input", str(tmp_path / "many.parquet"),
+                               "--output", str(disk / "scored")], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("blocksync:")]
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith(f"blocksync: failed: OSError: writing the scored rows to "
+                                                       f"--output {disk / 'scored'} failed (")
+        assert "No space left on device" in lines[0] or "ENOSPC" in lines[0], lines[0]
+        assert sorted(p.name for p in disk.iterdir()) == ["scored"]  # no staging folder left
+        assert [p.name for p in (disk / "scored").iterdir()] == ["previous.txt"]
+    finally:
+        for _ in range(40):  # the scoring JVM's Python workers may still be exiting: busy for a moment
+            if subprocess.run(["umount", str(disk)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            subprocess.run(["umount", "--lazy", str(disk)], check=True)

@@ -194,7 +194,7 @@ def test_bad_input_is_named_and_nothing_is_half_written(spark, tuned, species, t
     # Labels that are not class indices.
     with pytest.raises(ValueError, match="class indices"):
         BlockSyncClassifier(**COMMON, featuresCols=COLUMNS[1:], labelCol="x0").fit(species)
-    # Settings: an unknown Param, a bad value (at fit, before any Spark job), a bad model dict.
+    # Settings: an unknown Param, a bad value (refused when set, before fit), a bad model dict.
     with pytest.raises(ValueError, match=r"no Param\(s\) \['learningRate'\]"):
         BlockSyncClassifier(learningRate=0.1)
     with pytest.raises(ValueError, match="lr=-1.0 must be > 0"):

@@ -197,3 +197,17 @@ def network_input(spec: InputSpec | None, floats: np.ndarray, ids: np.ndarray | 
     if ids is None:
         ids = np.zeros((x.shape[0], 0), np.int64)
     return spec.model_input(x, torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
+
+
+LEAST_TOTAL_WEIGHT = float(np.finfo(np.float32).tiny)
+"""The least summed row weight of the training rows: an epoch's loss and weight are summed in float32, where
+a smaller total is 0, and a global batch whose weights sum to 0 has no mean."""
+
+
+def total_weight_problem(total: float, where: str, rows: str = "the training rows") -> str | None:
+    """Why `rows`' summed weight `total` (of the weights `where` names) cannot train, or None."""
+    if total >= LEAST_TOTAL_WEIGHT:
+        return None
+    return (f"{where}: {rows}' weights sum to {total:g}, and a loss weighted by them has no mean "
+            f"(the total must be at least {LEAST_TOTAL_WEIGHT:.3g}); give some rows a positive weight, or scale "
+            "the weights up: only their ratios matter")

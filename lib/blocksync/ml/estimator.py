@@ -5,8 +5,8 @@
     model = Pipeline(stages=[assembler, indexer, scaler, clf]).fit(train_df)
     model.transform(test_df)  # every input column + prediction, rawPrediction, probability
 
-The Params are TrainConfig's settings (see `params`); they are checked when
-`fit` starts, before any Spark job. The classifier needs class indices 0..K-1
+The Params are TrainConfig's settings (see `params`): each value is checked
+when it is set, and their combination when `fit` starts, before any Spark job. The classifier needs class indices 0..K-1
 as labels (StringIndexer makes them); the regressor a numeric label.
 
 Tuners: CrossValidator and TrainValidationSplit fit one model per Param map,
@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame
 from blocksync.engine.driver.launcher import task_slots, train
 from blocksync.engine.models import state_bytes
 from blocksync.ml.model import BlockSyncClassificationModel, BlockSyncModelBase, BlockSyncRegressionModel
-from blocksync.ml.params import TrainParams, _optional
+from blocksync.ml.params import TrainParams, _optional, checked
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class BlockSyncClassifier(_BlockSyncEstimator, HasProbabilityCol, HasRawPredicti
     """Cross-entropy over class indices 0..K-1; fits a `BlockSyncClassificationModel`."""
 
     numClasses: Param[int] = Param(Params._dummy(), "numClasses", "output classes; None: max label + 1",
-                                   typeConverter=_optional(TypeConverters.toInt))
+                                   typeConverter=checked("numClasses", "num_classes",
+                                                         _optional(TypeConverters.toInt)))
     model_class = BlockSyncClassificationModel
 
     def __init__(self, **params: Any) -> None:

@@ -17,6 +17,7 @@ category unseen in training is a one-line ValueError, then packs them as trainin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from pyspark.ml.functions import array_to_vector, predict_batch_udf
-from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param import Param, Params
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import Column, DataFrame
@@ -36,10 +37,28 @@ from blocksync.engine.driver.blocks import features_column
 from blocksync.engine.driver.input_columns import check_ids, packed_columns
 from blocksync.engine.inputs import inputs_of, network_input
 from blocksync.engine.models import module_from_bytes
-from blocksync.ml.params import TrainParams
+from blocksync.ml.params import TrainParams, at_least_one
 from blocksync.ml.persistence import ModelReader, ModelWriter, PersistedModel
 
 SCORED = "__blocksync_scored"
+CHECKED = "blocksync rejected a row: "
+"""Opens the message of every row check in a scoring query (`F.raise_error`): `raised_by_check` finds it."""
+
+
+def invalid_values(x: Column) -> Column:
+    """True where the feature array `x` is null or holds a null, NaN or infinite value."""
+    return x.isNull() | F.exists(x, lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf"))))
+
+
+def reject(condition: Column, message: str, x: Column) -> Column:
+    """`x`, except that a row where `condition` holds fails the query with `message` (`raised_by_check`)."""
+    return F.when(condition, F.raise_error(F.lit(CHECKED + message))).otherwise(x)
+
+
+def raised_by_check(err: BaseException) -> str | None:
+    """The message of a row check that failed `err`'s Spark job, or None for any other failure."""
+    found = re.search(re.escape(CHECKED) + r"(.+?)(?: SQLSTATE: |\n|$)", str(err))
+    return found.group(1).strip() if found else None
 
 
 def build_module(meta: dict[str, Any], weights: bytes) -> torch.nn.Module:
@@ -89,7 +108,7 @@ class BlockSyncModelBase(PersistedModel, TrainParams, MLWritable, MLReadable):
     """What both fitted models share: the weights, what the network is, and scoring."""
 
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize", "rows per call of the network in transform",
-                                       typeConverter=TypeConverters.toInt)
+                                       typeConverter=at_least_one("scoreBatchSize"))
 
     def __init__(self, weights: bytes = b"", meta: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -137,9 +156,11 @@ class BlockSyncModelBase(PersistedModel, TrainParams, MLWritable, MLReadable):
         x = features_column(dataset, self.features_spec())
         width = self.numFeatures
         where = "featuresCols" if self.isSet("featuresCols") else f"featuresCol {self.getFeaturesCol()!r}"
-        message = F.concat(F.lit(f"{where} has "), F.size(x).cast("string"),
+        message = F.concat(F.lit(f"{CHECKED}{where} has "), F.size(x).cast("string"),
                            F.lit(f" values in a row; this model was trained on {width}: transform a table "
                                  "prepared like the training one (same VectorAssembler inputs)"))
+        x = reject(invalid_values(x), f"{where} has a null, NaN or infinite value in a row; the network scores "
+                   "numbers only: fill or drop those rows first (e.g. df.na.drop() or Imputer)", x)
         return F.when(F.size(x) == width, x).otherwise(F.raise_error(message))
 
     def _transform(self, dataset: DataFrame) -> DataFrame:

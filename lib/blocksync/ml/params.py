@@ -2,10 +2,10 @@
 
 One Param per top-level `TrainConfig` field (camelCase: `num_workers` is
 `numWorkers`), with TrainConfig's own default, so an estimator and `train()`
-start from the same settings. Nested settings (`model`, `checkpoint`,
-`timeouts`, `horovod`) are dicts of the YAML keys, checked by their dataclass
-when set. `TrainConfig` checks values and combinations at `fit`, before any
-Spark job.
+start from the same settings. Each value is checked when it is set, as
+`TrainConfig` checks it (nested settings, `model`, `checkpoint`, `timeouts`,
+`horovod`, are dicts of the YAML keys, checked by their dataclass); settings
+that do not go together are refused at `fit`, before any Spark job.
 """
 
 from __future__ import annotations
@@ -46,6 +46,40 @@ def _inputs_list(value: Any) -> list[dict[str, Any]]:
 
 def _optional(convert: Any) -> Any:
     return lambda value: None if value is None else convert(value)
+
+
+def checked(name: str, key: str, convert: Any) -> Any:
+    """`convert`, then the value checked as `TrainConfig` checks it (the other settings at their defaults),
+    so a bad value raises when it is set, naming the Param; combinations of settings are checked at `fit`."""
+    def check(value: Any) -> Any:
+        value = convert(value)
+        try:
+            TrainConfig(**{key: value})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"Param {name}: {err}") from err
+        return value
+
+    return check
+
+
+def one_of(name: str, choices: tuple[str, ...]) -> Any:
+    def check(value: Any) -> str:
+        value = TypeConverters.toString(value)
+        if value not in choices:
+            raise ValueError(f"{name}={value!r}: choose one of {list(choices)}.")
+        return value
+
+    return check
+
+
+def at_least_one(name: str) -> Any:
+    def check(value: Any) -> int:
+        value = TypeConverters.toInt(value)
+        if value < 1:
+            raise ValueError(f"{name}={value!r}: must be 1 or more.")
+        return value
+
+    return check
 
 
 _INT, _FLOAT, _STR = TypeConverters.toInt, TypeConverters.toFloat, TypeConverters.toString
@@ -118,7 +152,7 @@ class TrainParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasValidationIn
         typeConverter=TypeConverters.toListString,
     )
     progress: Param[str] = Param(Params._dummy(), "progress", "off, log (a line per epoch) or bar (tqdm)",
-                                 typeConverter=TypeConverters.toString)
+                                 typeConverter=one_of("progress", ("off", "log", "bar")))
     inputs: Param[list[dict[str, Any]] | None] = Param(
         Params._dummy(), "inputs", "typed inputs instead of featuresCol(s): [{'name': ..., 'kind': 'numeric' | "
         "'tokens' | 'categorical', 'columns': ..., 'cardinality': ..., 'pad': ...}]; the model gets a dict by name",
@@ -176,5 +210,6 @@ def _setter(name: str) -> Any:
 
 
 for _name, (_key, _convert, _doc) in TRAIN_PARAMS.items():
-    setattr(TrainParams, _name, Param(Params._dummy(), _name, f"{_doc} (TrainConfig.{_key})", typeConverter=_convert))
+    setattr(TrainParams, _name, Param(Params._dummy(), _name, f"{_doc} (TrainConfig.{_key})",
+                                      typeConverter=checked(_name, _key, _convert)))
     setattr(TrainParams, f"set{_name[0].upper()}{_name[1:]}", _setter(_name))  # setLr, setNumWorkers, ...

@@ -20,7 +20,8 @@ import torch
 
 from blocksync.engine.config import ModelSpec
 from blocksync.engine.inputs import inputs_of, network_input
-from blocksync.engine.models import build_model, is_custom
+from blocksync.engine.models import is_custom
+from blocksync.engine.saved_model import network, parse_json, spec_of
 
 if TYPE_CHECKING:
     from blocksync.pipeline.run_files import RunFiles
@@ -137,24 +138,16 @@ def _files_of_active_session(path: str | Path) -> RunFiles | None:
 
 
 def _load_directory(directory: Path, named: str, trust_custom_code: bool) -> SavedModel:
-    from safetensors.torch import load_file
-
     if (directory / "model" / META).is_file():
         directory = directory / "model"
     if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
         raise ValueError(f"{named} holds no blocksync model ({META} and {WEIGHTS}); give a run's model directory.")
-    meta = json.loads((directory / META).read_text())
-    spec = ModelSpec(**meta["model"])
+    meta = parse_json((directory / META).read_bytes(), str(directory / META))
+    spec = spec_of(meta, str(directory / META))
     if is_custom(spec) and not trust_custom_code:
         raise ValueError(
             f"{directory / META} names a custom network {spec.name!r}: loading it imports and runs that code. "
             "If you trust this model directory, call load_model(path, trust_custom_code=True)."
         )
-    module = build_model(spec, int(meta["num_features"]), int(meta["num_outputs"]), inputs_of(meta))
-    state = load_file(str(directory / WEIGHTS))
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as err:
-        raise ValueError(f"{directory / WEIGHTS} does not match the model in {META}: {err}") from err
-    module.eval()
+    module = network(meta, (directory / WEIGHTS).read_bytes(), str(directory / META), str(directory / WEIGHTS))
     return SavedModel(module=module, meta=meta)

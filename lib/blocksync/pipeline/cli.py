@@ -1,24 +1,27 @@
 """`blocksync {prepare,train,evaluate,run} --config conf/X.yaml [key.sub=value ...]`, and
-`blocksync predict --model RUN_OR_MODEL --input PATH_OR_TABLE --output PATH` for new data.
+`blocksync predict --model RUN_OR_MODEL --input PATH_OR_TABLE --output PATH` for new data, and
+`blocksync clean --output DIR` for what stopped runs left beside an output (`leftovers`).
 
 The console script, `python -m blocksync.pipeline.cli` and `spark-submit jobs/<stage>.py` all call
 `console` (`main`, then exit). Settings are checked before Spark starts; the JVM then starts while
 a thread imports what the stage needs (`session_with_preload`).
 Exit codes: 0 ok; 2 bad input or config (one clear line on stderr, no
 traceback); 1 runtime failure (the message, with the failing worker's own
-error and rank when a worker failed).
+error and rank when a worker failed); 130 on SIGINT and 143 on SIGTERM (the stage stopped, staging removed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -44,7 +47,8 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="blocksync" if stage is None else f"jobs/{stage}.py",
                      description="Block-synchronous PyTorch training on Spark.")
     if stage is None:
-        parser.add_argument("stage", choices=STAGES, help="what to run (or: predict --model M --input I --output O)")
+        parser.add_argument("stage", choices=STAGES,
+                            help="what to run (or: predict --model M --input I --output O; clean --output DIR)")
     parser.add_argument("--config", required=True, help="YAML run config, e.g. conf/local.yaml")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results in output_dir")
     parser.add_argument("--quiet", action="store_true",
@@ -67,6 +71,47 @@ def build_predict_parser() -> argparse.ArgumentParser:
                         help="allow a run's network named by an import path (imports and runs that code)")
     parser.add_argument("--quiet", action="store_true", help="warnings, errors and the result only")
     return parser
+
+
+def build_clean_parser() -> argparse.ArgumentParser:
+    from blocksync.pipeline.leftovers import STALE_HOURS
+
+    parser = _Parser(prog="blocksync clean", description="Remove the staging folders that stopped runs left "
+                     "beside (and inside) an output directory, where their process is provably gone.")
+    parser.add_argument("--output", required=True, help="an output_dir, or a predict --output")
+    parser.add_argument("--older-than-hours", type=float, default=STALE_HOURS, metavar="H",
+                        help=f"remove a folder made on another host, or unsigned, once this old (default "
+                        f"{STALE_HOURS:g})")
+    parser.add_argument("--master", default="local[1]", help="Spark master (its filesystem layer reads the path)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
+    return parser
+
+
+def execute_clean(args: argparse.Namespace) -> int:
+    from blocksync.pipeline.run_config import RunConfig, SparkSettings
+
+    if args.older_than_hours < 0:
+        raise ValueError(f"--older-than-hours {args.older_than_hours:g}: give 0 or more hours.")
+    conf = dict(_key_value(item) for item in args.conf)
+    spark = session_for(RunConfig(spark=SparkSettings(master=args.master, app_name="blocksync-clean", conf=conf)))
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        from blocksync.pipeline.leftovers import sweep
+        from blocksync.pipeline.run_files import RunFiles
+
+        removed, kept = sweep(RunFiles(spark, args.output, setting="--output"), stale_hours=args.older_than_hours)
+    finally:
+        spark.stop()
+    for line in removed:
+        print(f"removed {line}")
+    for line in kept:
+        print(f"kept {line}")
+    print(f"{len(removed)} removed, {len(kept)} kept")
+    return 0
+
+
+COMMANDS = {"predict": (build_predict_parser, "execute_predict"), "clean": (build_clean_parser, "execute_clean")}
+"""The commands beside the stages, each with its own flags (`blocksync predict ...`, `blocksync clean ...`)."""
 
 
 def execute_predict(args: argparse.Namespace) -> int:
@@ -239,10 +284,14 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        if stage == "predict" or (stage is None and argv[:1] == ["predict"]):
-            return execute_predict(build_predict_parser().parse_args(argv[1:] if stage is None else argv))
-        args = build_parser(stage).parse_intermixed_args(argv)
-        return execute(stage or args.stage, args)
+        named = argv[0] if stage is None and argv else stage
+        command = named if named in COMMANDS else None
+        with sigterm_as_interrupt():
+            if command is not None:
+                parser, execute_command = COMMANDS[command]
+                return globals()[execute_command](parser().parse_args(argv[1:] if stage is None else argv))
+            args = build_parser(stage).parse_intermixed_args(argv)
+            return execute(stage or args.stage, args)
     except (ValueError, FileExistsError) as err:
         print(f"blocksync: error: {err}", file=sys.stderr)
         return 2
@@ -253,12 +302,44 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         return _failed(str(err))
     except CollectiveError as err:
         return _failed(str(err))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if isinstance(err, Terminated):
+            print("blocksync: terminated (SIGTERM): the stage was stopped and its staging folder removed",
+                  file=sys.stderr)
+            return 128 + signal.SIGTERM
         print("blocksync: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # a Spark/JVM failure outside the barrier stage
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         return _failed(f"{type(err).__name__}: {' '.join(lines[:3])[:1500]}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what YARN, Kubernetes and `timeout` send), raised where the program is, as Ctrl-C is."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:  # as pyspark's own SIGINT handler does: stop the running stage at once
+        with contextlib.suppress(Exception):  # a JVM going down as well: the stage is stopping anyway
+            context.cancelAllJobs()
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM handled as SIGINT is: the stage is cancelled, the `finally` blocks remove the staging folders,
+    and the command exits 143. Only the main thread can set a handler (a command run in a thread cannot)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _failed(message: str) -> int:

@@ -29,7 +29,7 @@ from blocksync.engine.driver.blocks import (
     weight_column,
 )
 from blocksync.engine.driver.input_columns import resolve_inputs
-from blocksync.engine.inputs import source_columns
+from blocksync.engine.inputs import source_columns, total_weight_problem
 from blocksync.pipeline.run_config import RunConfig
 from blocksync.pipeline.sources import load_source
 
@@ -130,10 +130,13 @@ def checked_weights(df: DataFrame, weight: str) -> Column:
         column = weight_column(df, weight)
     except ValueError as err:
         raise ValueError(f"data.weight: {err}") from err
-    bad = int(df.select(column.alias(WEIGHT)).agg(F.sum(bad_weight_flag())).collect()[0][0] or 0)
+    bad, total = df.select(column.alias(WEIGHT)).agg(F.sum(bad_weight_flag()), F.sum(WEIGHT)).collect()[0]
     if bad:
         raise ValueError(f"data.weight={weight!r}: {bad} rows have a null, NaN, infinite or negative weight; "
                          "row weights must be finite numbers >= 0: fix or drop those rows.")
+    problem = total_weight_problem(float(total or 0.0), f"data.weight={weight!r}", rows="all rows")
+    if problem:  # the training split alone is checked again when training starts
+        raise ValueError(problem + ".")
     return column
 
 

@@ -271,10 +271,18 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     if path is not None:
         source = str(path)
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(["is a folder, not a YAML file; pass a file such as conf/local.yaml"], source)
         if not p.is_file():
             raise ConfigError(["config file not found; pass an existing YAML file such as conf/local.yaml"], source)
         try:
-            loaded = read_yaml(p.read_text())
+            loaded = read_yaml(p.read_bytes().decode("utf-8"))
+        except OSError as err:
+            raise ConfigError([f"cannot be read ({err.strerror or err}); check its permissions, or pass a "
+                               "readable copy"], source) from err
+        except UnicodeDecodeError as err:
+            raise ConfigError([f"is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                               "save it as UTF-8 YAML"], source) from err
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

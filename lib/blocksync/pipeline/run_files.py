@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from py4j.protocol import Py4JJavaError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.sql import SparkSession
 
 from blocksync.pipeline.sources import is_uri
@@ -51,6 +52,7 @@ class RunFiles:
 
     def __init__(self, spark: SparkSession, root: str | os.PathLike[str], *, setting: str = "output_dir") -> None:
         """`setting` names the path in errors: output_dir, or predict's --model."""
+        self.setting = setting
         jvm: Any = getattr(spark, "_jvm", None)
         if jvm is None:
             raise ValueError("the pipeline stages write the run directory through Spark's JVM, which a Spark "
@@ -163,7 +165,9 @@ class RunFiles:
         that led to it, nor fail a stage that has finished."""
         try:
             self.delete(name)
-        except OSError as err:
+        except (OSError, Py4JError) as err:
+            if self.local is not None and _remove_local(self.local / name):  # the JVM is gone (a SIGTERM'd group)
+                return
             log.warning("could not remove %s: %s", self.display(name), err)
 
     def rename(self, source: str, target: str) -> None:
@@ -206,8 +210,26 @@ class RunFiles:
             raise ValueError(f"output_dir={self.display()!r} is a filesystem's root; name a folder inside it.")
         other = RunFiles.__new__(RunFiles)
         other._jvm = self._jvm
+        other.setting = self.setting
         other._bind(self._fs, up)
         return other, str(self._root.getName())
+
+    def child(self, name: str) -> RunFiles:
+        """The directory `name` inside this one, on the same filesystem."""
+        other = RunFiles.__new__(RunFiles)
+        other._jvm = self._jvm
+        other.setting = self.setting
+        other._bind(self._fs, self._fs.makeQualified(self._path(name)))
+        return other
+
+    def holds_files(self) -> bool:
+        """Whether a file lies anywhere under this directory."""
+        return bool(self._call("listing", "", lambda: self._fs.listFiles(self._root, True).hasNext()))
+
+    def entries(self, name: str = "") -> list[tuple[str, float]]:
+        """The names in the folder `name`, each with its modification time (seconds since the epoch)."""
+        statuses = self._call("listing", name, lambda: self._fs.listStatus(self._path(name)))
+        return [(str(s.getPath().getName()), s.getModificationTime() / 1000.0) for s in statuses]
 
     def nearest_existing_above(self) -> tuple[str, bool, str]:
         """The closest existing folder above this directory (where `run` stages it): as shown to people,
@@ -233,6 +255,12 @@ class RunFiles:
         except Py4JJavaError as err:
             return java_message(err)
         return None
+
+
+def _remove_local(path: Path) -> bool:
+    """Remove a local file or folder without the JVM; whether it is gone."""
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return not path.exists()
 
 
 def _parent(name: str) -> str:

@@ -32,6 +32,8 @@ from blocksync.pipeline.artifacts import load_model_from, model_meta, save_model
 from blocksync.pipeline.checks import check_settings
 from blocksync.pipeline.evaluate import metrics as evaluation_metrics
 from blocksync.pipeline.evaluate import score
+from blocksync.pipeline.leftovers import StagedOutput, claim, sweep
+from blocksync.pipeline.outputs import check_output, read_root, refuse_overlap
 from blocksync.pipeline.prepare import prepare
 from blocksync.pipeline.report import history_lines, plot_report, steps_frame, timeline
 from blocksync.pipeline.run_config import RunConfig, config_to_dict
@@ -55,7 +57,7 @@ class _Staging:
         self.local = Path(self._scratch.name)
 
     def __enter__(self) -> _Staging:
-        self.files.mkdirs(self.name)
+        claim(self.files, self.name)  # signed: a killed driver's leftover is removed by the next stage here
         return self
 
     def uri(self, name: str) -> str:
@@ -80,6 +82,7 @@ class _Staging:
 def run_files(spark: SparkSession, run_dir: RunDir) -> RunFiles:
     files = run_dir if isinstance(run_dir, RunFiles) else RunFiles(spark, run_dir)
     _refuse_a_file(files)
+    sweep(files)
     return files
 
 
@@ -96,22 +99,6 @@ def _require(files: RunFiles, name: str, what: str, hint: str) -> None:
 def _refuse_existing(files: RunFiles, name: str, overwrite: bool) -> None:
     if files.exists(name) and not overwrite:
         raise FileExistsError(f"{files.display(name)} already exists; pass --overwrite or choose another output_dir.")
-
-
-def check_output_dir(files: RunFiles, *, overwrite: bool) -> None:
-    """`output_dir` is a folder, or can be made: asked of the filesystem Spark writes it with."""
-    where = files.display()
-    _refuse_a_file(files)
-    _refuse_existing(files, "", overwrite)
-    ancestor, is_file, ancestor_uri = files.nearest_existing_above()
-    if is_file:
-        raise ValueError(f"output_dir={where!r}: {ancestor} is a file, so the directory cannot be made there; "
-                         "choose another output_dir.")
-    # Making a folder is the only reliable test (root passes permission checks; read-only mounts do not).
-    why = files.can_create_in(ancestor_uri)
-    if why is not None:
-        raise ValueError(f"output_dir={where!r} cannot be written ({ancestor}: {why}); "
-                         "choose a writable output_dir.")
 
 
 def prepare_stage(spark: SparkSession, config: RunConfig, run_dir: RunDir, *, overwrite: bool = False
@@ -203,16 +190,15 @@ def run(spark: SparkSession, config: RunConfig, *, overwrite: bool = False) -> d
     """prepare + train + evaluate into a fresh run directory beside the target, renamed into place at the end."""
     check_settings(config)
     target = RunFiles(spark, config.output_dir)
-    check_output_dir(target, overwrite=overwrite)
-    parent, name = target.parent()
-    staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+    sweep(target)  # what stopped runs into this output_dir left beside it, when provably dead
+    check_output(target, overwrite=overwrite)
+    if config.data.source not in ("digits", "synthetic"):
+        source = read_root(spark, config.data.source, "data.source")
+        refuse_overlap(target, {"data.source": source} if source else {})
     warm_python_daemon(spark)  # torch is imported on the executors while prepare runs on the JVM
-    try:
-        staged = RunFiles(spark, parent.uri(staging))
-        prepare_stage(spark, config, staged)
-        train_stage(spark, config, staged)
-        metrics = evaluate_stage(spark, config, staged)
-        parent.move_into_place(staging, name, overwrite=overwrite)
-    finally:
-        parent.discard(staging)
+    with StagedOutput(target) as staged:
+        prepare_stage(spark, config, staged.files)
+        train_stage(spark, config, staged.files)
+        metrics = evaluate_stage(spark, config, staged.files)
+        staged.commit(overwrite=overwrite)
     return metrics

@@ -23,7 +23,7 @@ from pyspark.sql.window import Window
 from blocksync.engine.driver.input_columns import NUMERIC as _NUMERIC
 from blocksync.engine.driver.input_columns import is_vector as _is_vector
 from blocksync.engine.driver.input_columns import packed_columns
-from blocksync.engine.inputs import FEATURES, IDS, LABEL, WEIGHT, InputSpec, source_columns
+from blocksync.engine.inputs import FEATURES, IDS, LABEL, WEIGHT, InputSpec, source_columns, total_weight_problem
 
 """With per-row weights: the blocks' third column (float64, checked finite and non-negative)."""
 
@@ -275,6 +275,7 @@ def _bucket_stats(keyed: DataFrame, weight: str | None) -> list:
         F.max(F.size(FEATURES)).alias("dmax"),
         F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
         F.sum(bad_weight_flag() if weight else F.lit(0)).alias("bad_weights"),
+        F.sum(F.col(WEIGHT) if weight else F.lit(0.0)).alias("weight_sum"),
         *label_aggregates(),
     ).collect()
 
@@ -376,6 +377,10 @@ def _check_weights(stats: list, weight: str | None) -> None:
     if weight and bad:
         raise ValueError(f"{bad} rows have a null, NaN, infinite or negative weight in column {weight!r}; "
                          "row weights must be finite numbers >= 0: fix or drop those rows.")
+    total = sum(float(r["weight_sum"] or 0.0) for r in stats if r["_val"] is False)
+    problem = total_weight_problem(total, f"weight column {weight!r}") if weight else None
+    if problem:
+        raise ValueError(problem + ".")
 
 
 def place_blocks(df: DataFrame, *, block: str, order: list[str], num_workers: int) -> DataFrame:

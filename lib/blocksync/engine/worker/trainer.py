@@ -22,6 +22,7 @@ from blocksync.engine.comm.buckets import GradientBuckets
 from blocksync.engine.comm.collectives import Collective, to_collective
 from blocksync.engine.comm.compression import make_compressor
 from blocksync.engine.comm.sharding import ShardedOptimizer
+from blocksync.engine.inputs import LEAST_TOTAL_WEIGHT, total_weight_problem
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
@@ -352,6 +353,8 @@ class Trainer:
         self.beat.at(self.step_count, "sync")
         samples, loss_total, correct = self.coll.allreduce_sum(self.epoch_stats.float()).double().tolist()
         self.epoch_stats = torch.zeros(3, dtype=torch.float64)
+        if self.plan.weighted and samples < LEAST_TOTAL_WEIGHT:  # blocks=files: no driver-side pass summed them
+            raise ValueError(total_weight_problem(samples, "the row weights") or "")
         if not np.isfinite(loss_total):
             raise self.diverged(f"epoch {epoch + 1}'s training loss")
         entry = {"epoch": epoch + 1, "step": self.step_count, "train_loss": loss_total / samples}
