@@ -122,8 +122,8 @@ def _markdown(p: dict) -> str:
     lines = [f"# A {p['block_mb']:,.0f} MiB block under a {p['limit_mb']} MiB cgroup memory limit (one worker, "
              "logistic regression, one epoch)", "",
              "`memory` without a limit is the baseline; contenders alternate. Memory: the rank's peak RSS (mapped "
-             "and cached file pages included), its peak anonymous memory (RssAnon, sampled after each epoch and "
-             "each new window) and the cgroup's peak (page cache included).", "",
+             "and cached file pages included), its peak anonymous memory (RssAnon, sampled every 20 ms)"
+             " and the cgroup's peak (page cache included).", "",
              "| block_storage | epoch_order | limit | outcome | seconds | data p50 / p95 | read (overlapped) | "
              "peak RSS | peak RssAnon | cgroup peak | limit hits |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
