@@ -70,7 +70,9 @@ def test_slow_factor_is_validated_and_stretches_compute():
 
 
 def cfg(**extra) -> TrainConfig:
-    settings = dict(num_workers=3, backend="torch_gloo", epochs=2, batch_size=32, seed=3, check_every=5,
+    # Two ranks on the 2 cores: with a third, the ranks that compute hold both cores while the slow one
+    # sleeps, and every wake-up waits for a time slice, so the probe measured it up to 56x slower, not 3x.
+    settings = dict(num_workers=2, backend="torch_gloo", epochs=2, batch_size=32, seed=3, check_every=5,
                     optimizer="adam", lr=0.01, model=ModelSpec(name="mlp", hidden=[64, 64]), balance="speed",
                     faults={"slow_rank": 1, "slow_factor": 3.0})
     return TrainConfig(**{**settings, **extra})
@@ -84,11 +86,11 @@ def test_files_cut_by_speed_equal_single_process_training(spark, data, storage, 
     result = train_files(spark, str(root / "arrays"), config)
     balance = result.metrics["balance"]
     speeds = balance["probe_rows_per_s"]
-    assert speeds[1] < 0.75 * min(speeds[0], speeds[2]), speeds  # the 3x slower rank measured slower
+    assert speeds[1] < 0.75 * speeds[0], speeds  # the 3x slower rank measured slower
     sizes = rule_sizes(203, speeds)
     assert result.block_sizes == sizes and sizes[1] < sizes[0]
     assert balance["row_shares"] == pytest.approx([n / 203 for n in sizes])
-    assert len(balance["sync_idle_seconds"]) == 3 and len(balance["train_rows_per_s"]) == 3
+    assert len(balance["sync_idle_seconds"]) == 2 and len(balance["train_rows_per_s"]) == 2
     assert 0 < result.metrics["startup_phases"]["probe_s"] < 30
     reference = reference_train(expected_blocks(x, y, sizes), config, num_outputs=3)
     assert max_param_diff(result.model, reference) <= 1e-5
@@ -96,7 +98,7 @@ def test_files_cut_by_speed_equal_single_process_training(spark, data, storage, 
     # differ from the even cut's by rounding only (under one row per rank).
     steps = 7
     batch = [sum((s + 1) * n // steps - s * n // steps for n in sizes) for s in range(steps)]
-    even = [sum((s + 1) * n // steps - s * n // steps for n in [68, 68, 67]) for s in range(steps)]
+    even = [sum((s + 1) * n // steps - s * n // steps for n in [102, 101]) for s in range(steps)]
     assert sum(batch) == sum(even) == 203 and max(abs(a - b) for a, b in zip(batch, even, strict=True)) < 3
 
 
@@ -109,7 +111,7 @@ def test_shuffle_blocks_cut_by_weights_and_the_even_cut_unchanged(spark):
     assert [len(b[1]) for b in weighted_blocks] == [150, 50, 100]
     rows = {tuple(r) for b in even_blocks for r in np.column_stack(b)}
     assert rows == {tuple(r) for b in weighted_blocks for r in np.column_stack(b)}
-    config = cfg(epochs=1, batch_size=40, model=ModelSpec(name="logreg"))
+    config = cfg(num_workers=3, epochs=1, batch_size=40, model=ModelSpec(name="logreg"))
     balance = Balance(speeds=[3.0, 1.0, 2.0], hosts=["h"] * 3, sizes=[150, 50, 100])
     result = train_blocks(spark, weighted, winfo, config, balance=balance)
     reference = reference_train(weighted_blocks, config, num_outputs=3)
