@@ -52,7 +52,8 @@ def run_model(files: RunFiles, *, trust_custom_code: bool) -> tuple[BlockSyncMod
     saved = load_model_from(files, trust_custom_code=trust_custom_code)  # checks files, weights and trust
     meta = saved.meta
     columns = meta.get("feature_columns")
-    if not (isinstance(columns, str) or isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+    names = isinstance(columns, str) or isinstance(columns, list) and all(isinstance(c, str) for c in columns)
+    if not meta.get("inputs") and not names:  # typed inputs name their own columns (`inputs`), not these
         raise damaged(f"{META} in {files.display()}", f"feature_columns={columns!r}: not column names")
     cls = BlockSyncClassificationModel if meta["task"] == "classification" else BlockSyncRegressionModel
     spec = {k: meta.get(k) for k in ("model", "num_features", "num_outputs", "task", "inputs")}
