@@ -177,8 +177,9 @@ def checkpoint_cases(spark, tmp: Path) -> list[tuple[str, list[str], str]]:
     ]
 
 
-def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
-    table = cases(tmp_path) + checkpoint_cases(spark, tmp_path)
+def _assert_each_case_exits_2_with_its_line(table: list, tmp_path: Path) -> None:
+    """Runs every (name, argv, message) case through the CLI in one process (tests/cli_cases.py): each must
+    exit 2 with exactly one `blocksync:` line holding its message, and no traceback."""
     (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
@@ -193,6 +194,11 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
         if not ok:
             failures.append((name, result["code"], lines or result["stderr"][-500:]))
     assert not failures, failures
+
+
+def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
+    table = cases(tmp_path) + checkpoint_cases(spark, tmp_path)
+    _assert_each_case_exits_2_with_its_line(table, tmp_path)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
     assert (tmp_path / "a-file").read_text() == "not a folder"  # not replaced, even under --overwrite
     assert not Path("/proc/blocksync-run").exists()
@@ -415,22 +421,10 @@ def weight_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
 
 def test_hostile_predict_load_and_config_exit_2_with_one_line_and_write_nothing(spark, tmp_path):
     table = predict_cases(spark, tmp_path) + config_cases(tmp_path) + weight_cases(tmp_path)
-    (tmp_path / "cases.json").write_text(json.dumps([argv for _, argv, _ in table]))
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, "-m", "tests.cli_cases", str(tmp_path / "cases.json"),
-                           str(tmp_path / "results.json")], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=840)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    failures = []
-    for (name, _, message), result in zip(table, results, strict=True):
-        lines = [ln for ln in result["stderr"].splitlines() if ln.startswith("blocksync:")]
-        ok = result["code"] == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in result["stderr"]
-        if not ok:
-            failures.append((name, result["code"], lines or result["stderr"][-500:]))
-    assert not failures, failures
-    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "results.json")
+    _assert_each_case_exits_2_with_its_line(table, tmp_path)
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                   if p.name not in ("cases.json", "results.json"))  # the harness's own files
     assert after == before  # nothing written, nothing removed: the input read under --overwrite is intact
     assert (tmp_path / "a-file").read_text() == "not a folder"
     assert not Path("/proc/blocksync-scored").exists()
