@@ -75,7 +75,7 @@ class WindowFeed:
                  slots: int = 2) -> None:
         assert order.windows is not None
         self.source, self.device, self.chunk_rows = source, device, order.chunk_rows
-        self.block_size = len(order.rows)
+        self.block_size = order.block_size
         self.read_seconds = 0.0
         self.new_window = False
         self._pending = [w for w in order.windows if w.stop > first_position]
