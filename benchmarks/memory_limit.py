@@ -1,4 +1,6 @@
-"""A block 4x larger than the Python workers' enforced memory limit: `disk` completes, `memory` is refused.
+"""A block 4x larger than the Python workers' enforced memory limit: `memory` is refused; `disk` and `stream`
+(epoch_order=chunks) train under it, against `memory` without a limit, for a reading-bound job and a
+compute-bound one, beside the disk's sequential read speed under the limit (the reading-bound job's ceiling).
 
 The limit is a cgroup's (memory.limit_in_bytes, cgroup v1), as YARN and Kubernetes enforce a
 container's memory: the kernel counts every page of the cgroup's processes, page cache included, and
@@ -38,22 +40,27 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 CONTENDERS = [("disk", "chunks", "limited"), ("stream", "chunks", "limited"), ("memory", "global", "unlimited")]
-"""Alternating, REPETITIONS times, after the refused `memory` run: the chunk order on disk and streamed under
-the limit, against the same job in memory without a limit (the target: >= 0.8x its samples/s)."""
+"""Alternating, REPETITIONS times for each of MODELS, after the refused `memory` run: the chunk order on disk and
+streamed under the limit, against the same job in memory without a limit (the target: >= 0.8x its samples/s)."""
+MODELS = ("logreg", "mlp")
+"""logreg reads about 1 GB/s of rows in memory, so under the limit it is bound by the storage's read speed;
+the mlp (hidden [128, 64]) computes about 7x longer a row, so reading can hide behind its steps."""
+READ_MB = 4
 REPETITIONS = int(os.environ.get("BLOCKSYNC_BENCH_REPETITIONS", "1"))
 
 
 def run_job(cgroup: Path, data: str, storage: str, tmp: Path, order: str = "global", limited: bool = True,
-            script: str = "memory_limit_job.py") -> dict:
+            script: str = "memory_limit_job.py", model: str = "logreg") -> dict:
     """Run `script` (argv: data, result file, `storage`, `order`, limited or not) with Spark's Python workers
     in `cgroup`; `limited` reads the cgroup's peak and limit hits after it."""
+    drop_cache(data)  # every run reads the Parquet files from the disk, not from pages another run cached
     (cgroup / "memory.max_usage_in_bytes").write_text("0")  # reset the peak
     failcnt_before = int((cgroup / "memory.failcnt").read_text())
     out = tmp / f"{storage}-{order}.json"
     env = {**os.environ, "BLOCKSYNC_BENCH_CGROUP": str(cgroup), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), data, str(out), storage,
-                           order, "limited" if limited else "unlimited"],
+                           order, "limited" if limited else "unlimited", model],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"the {storage} job failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
@@ -62,6 +69,35 @@ def run_job(cgroup: Path, data: str, storage: str, tmp: Path, order: str = "glob
         report["cgroup_peak_mb"] = int((cgroup / "memory.max_usage_in_bytes").read_text()) / 2**20
         report["cgroup_limit_hits"] = int((cgroup / "memory.failcnt").read_text()) - failcnt_before
     return report
+
+
+def drop_cache(path: str) -> None:
+    """Evict a file's pages from the page cache (they are clean: written and synced before)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+READER = """import os, sys, time
+open(os.path.join(sys.argv[1], "cgroup.procs"), "w").write(str(os.getpid()))
+fd, buf, done = os.open(sys.argv[2], os.O_RDONLY), bytearray(int(sys.argv[3])), 0
+start = time.perf_counter()
+while (got := os.readv(fd, [buf])) > 0:
+    done += got
+print(done / (time.perf_counter() - start) / 2**20)
+"""
+
+
+def read_ceiling(cgroup: Path, path: str) -> float:
+    """MiB/s of one sequential pass over `path` (cache dropped first) in READ_MB reads by a process in
+    `cgroup`: the most any reader of this disk gets under the limit."""
+    drop_cache(path)
+    proc = subprocess.run([sys.executable, "-c", READER, str(cgroup), path, str(READ_MB * 2**20)],
+                          capture_output=True, text=True, timeout=600, check=True)
+    return float(proc.stdout)
 
 
 def stop_leftovers(cgroup: Path) -> None:
@@ -89,17 +125,23 @@ def run(spark) -> dict | None:
             # Row groups of 4 MiB: what a worker decodes at once (loading, or streaming) stays small beside the
             # 270 MiB that torch and the Python worker take under the 512 MiB limit.
             data = synthetic_files(Path(tmp), FACTOR * LIMIT_MB, workers=1, group_rows=GROUP_ROWS)
+            ceiling = [read_ceiling(cgroup, data) for _ in range(2)]
+            print(f"memory_limit sequential read of the data under the limit: {ceiling} MiB/s", flush=True)
             runs.append(run_job(cgroup, data, "memory", Path(tmp)))
             print(f"memory_limit memory: {runs[-1]}", flush=True)
             for rep in range(REPETITIONS):
-                for storage, order, limited in CONTENDERS:
-                    runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited"))
-                    print(f"memory_limit rep {rep + 1} {storage} {order} {limited}: {runs[-1]}", flush=True)
+                for model in MODELS:
+                    for storage, order, limited in CONTENDERS:
+                        runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited",
+                                            model=model))
+                        print(f"memory_limit rep {rep + 1} {model} {storage} {order} {limited}: {runs[-1]}",
+                              flush=True)
     finally:
         stop_leftovers(cgroup)
         cgroup.rmdir()
     block_mb = int(FACTOR * LIMIT_MB * 2**20 / ROW_BYTES) * ROW_BYTES / 2**20
-    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "runs": runs, "ratios": _ratios(runs)}
+    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "read_ceiling_mib_s": ceiling, "runs": runs,
+               "ratios": {m: _ratios([r for r in runs if r.get("model", "logreg") == m]) for m in MODELS}}
     write("memory_limit", payload, _markdown(payload))
     return payload
 
@@ -120,13 +162,16 @@ def _ratios(runs: list[dict]) -> dict[str, float]:
 
 def _markdown(p: dict) -> str:
     lines = [f"# A {p['block_mb']:,.0f} MiB block under a {p['limit_mb']} MiB cgroup memory limit (one worker, "
-             "logistic regression, one epoch)", "",
-             "`memory` without a limit is the baseline; contenders alternate. Memory: the rank's peak RSS (mapped "
-             "and cached file pages included), its peak anonymous memory (RssAnon, sampled every 20 ms)"
-             " and the cgroup's peak (page cache included).", "",
-             "| block_storage | epoch_order | limit | outcome | seconds | data p50 / p95 | read (overlapped) | "
+             "one epoch)", "",
+             "`memory` without a limit is the baseline; contenders alternate, for a reading-bound job (logreg) and a "
+             "compute-bound one (mlp, hidden [128, 64]). Every run starts with the Parquet file's pages dropped from "
+             "the page cache. Memory: the rank's peak RSS (mapped and cached file pages included), its peak "
+             "anonymous memory (RssAnon, sampled every 20 ms) and the cgroup's peak (page cache included).", "",
+             f"The disk's sequential read ceiling under the limit (one pass over the Parquet file, {READ_MB} MiB "
+             "reads, cache dropped): " + ", ".join(f"{v:,.0f}" for v in p["read_ceiling_mib_s"]) + " MiB/s.", "",
+             "| model | block_storage | epoch_order | limit | outcome | seconds | data p50 / p95 | read (overlapped) | "
              "peak RSS | peak RssAnon | cgroup peak | limit hits |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["runs"]:
         outcome = (f"completed: {r['steps']} steps, {r['samples_per_sec']:,.0f} samples/s" if r["ok"]
                    else f"refused ({r['kind']}): {r['error']}")
@@ -137,8 +182,9 @@ def _markdown(p: dict) -> str:
         anon = f"{max(r['peak_anon_mb']):,.0f} MiB" if ok and r.get("peak_anon_mb") else "-"
         cgroup = f"{r['cgroup_peak_mb']:,.0f} MiB" if "cgroup_peak_mb" in r else "no limit"
         hits = str(r["cgroup_limit_hits"]) if "cgroup_limit_hits" in r else "-"
-        lines.append(f"| {r['storage']} | {r.get('order', 'global')} | {'yes' if r.get('limited', True) else 'no'} | "
-                     f"{outcome} | {r['seconds']:.0f} | {data} | {read} | {rss} | {anon} | {cgroup} | {hits} |")
+        lines.append(f"| {r.get('model', 'logreg')} | {r['storage']} | {r.get('order', 'global')} | "
+                     f"{'yes' if r.get('limited', True) else 'no'} | {outcome} | {r['seconds']:.0f} | {data} | "
+                     f"{read} | {rss} | {anon} | {cgroup} | {hits} |")
     lines += ["", "Samples/s under the limit over `memory` without one (medians): "
-              + ", ".join(f"{k} {v:.2f}x" for k, v in p["ratios"].items())]
+              + "; ".join(f"{m}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items()) for m, r in p["ratios"].items())]
     return "\n".join(lines) + "\n"

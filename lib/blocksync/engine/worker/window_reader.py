@@ -39,11 +39,14 @@ class Feed(Protocol):
 
 
 class RowSource(Protocol):
-    """A block that copies consecutive rows out: `empty(rows)` arrays and `read_into(lo, hi, out)`."""
+    """A block that copies consecutive rows out: `empty(rows)` arrays and `read_into(lo, hi, out)`; `advise(lo,
+    hi)` says rows [lo, hi) will be read next, so that storage can start reading them."""
 
     def empty(self, rows: int) -> Piece: ...
 
     def read_into(self, lo: int, hi: int, out: Piece, at: int) -> None: ...
+
+    def advise(self, lo: int, hi: int) -> None: ...
 
 
 class OrderFeed:
@@ -88,28 +91,34 @@ class WindowFeed:
 
     def _fill(self) -> None:
         try:
-            for window in self._pending:
+            for k, window in enumerate(self._pending):
                 while not self._slots.acquire(timeout=0.05):
                     if self._stop.is_set():
                         return
                 if self._stop.is_set():
                     return
                 started = time.perf_counter()
+                if k + 1 < len(self._pending):  # the disk reads the next window while this one is copied out
+                    for lo, hi in self._ranges(self._pending[k + 1]):
+                        self.source.advise(lo, hi)
                 piece = self._read(window)
                 self.read_seconds += time.perf_counter() - started
                 self._ready.put((window, piece))
         except BaseException as err:  # handed to the training thread, which raises it
             self._ready.put(err)
 
+    def _ranges(self, window: Window) -> list[tuple[int, int]]:
+        """The block rows [lo, hi) of the window's chunks, in the window's order."""
+        return [(c * self.chunk_rows, min((c + 1) * self.chunk_rows, self.block_size)) for c in window.chunks.tolist()]
+
     def _read(self, window: Window) -> Piece:
         """The window's rows, chunk after chunk in the window's order: each chunk one sequential read of
         its rows, the chunks read in block order (a file's bytes, a Parquet file's row groups, in order)."""
-        sizes = [min((c + 1) * self.chunk_rows, self.block_size) - c * self.chunk_rows for c in window.chunks.tolist()]
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes else np.zeros(0, np.int64)
+        ranges = self._ranges(window)
+        offsets = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in ranges])]).astype(np.int64)
         out = self.source.empty(len(window.shuffle))
         for i in np.argsort(window.chunks, kind="stable").tolist():
-            lo = int(window.chunks[i]) * self.chunk_rows
-            self.source.read_into(lo, lo + sizes[i], out, int(offsets[i]))
+            self.source.read_into(*ranges[i], out, int(offsets[i]))
         return out
 
     def take(self, lo: int, hi: int) -> Batch:
