@@ -118,7 +118,8 @@ class WindowFeed:
         offsets = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in ranges])]).astype(np.int64)
         out = self.source.empty(len(window.shuffle))
         for i in np.argsort(window.chunks, kind="stable").tolist():
-            self.source.read_into(*ranges[i], out, int(offsets[i]))
+            lo, hi = ranges[i]
+            self.source.read_into(lo, hi, out, int(offsets[i]))
         return out
 
     def take(self, lo: int, hi: int) -> Batch:
