@@ -161,6 +161,13 @@ def test_the_driver_refuses_a_budget_too_small_for_two_windows_and_a_batch():
         resolve_chunks(cfg, [100_000, 100_000], 16, 10, "disk")
     assert resolve_chunks(TrainConfig(**{**cfg.to_dict(), "memory_budget_mb": 3}), [100_000] * 2, 16, 10, "disk")
     assert resolve_chunks(cfg, [100_000, 100_000], 16, 10, "memory") is not None  # memory: the order only
+    # stream also holds a row group being decoded, 3 x its bytes: (1 MiB - 72,000 - 300,000) // 2 still makes one chunk
+    # a window; with row groups of 200,000 bytes, 2 x 262,080 + 72,000 + 600,000 bytes are over 1 MiB.
+    assert resolve_chunks(cfg, [100_000, 100_000], 16, 100, "stream", 100_000) == ChunkLayout(3640, 1)
+    with pytest.raises(ValueError, match=r"one local batch of 1000 rows, and decoding a row group of the files "
+                                         r"\(0\.573 MiB\), with epoch_order=chunks and block_storage=stream; it needs "
+                                         r"at least 2\."):
+        resolve_chunks(cfg, [100_000, 100_000], 16, 100, "stream", 200_000)
     small = TrainConfig(**{**cfg.to_dict(), "shuffle_window_mb": 0.5})
     with pytest.raises(ValueError, match=r"train.shuffle_window_mb=0.5 holds 7280 rows, fewer than one local batch "
                                          r"of 10000 rows; raise it to at least 0.687, or leave it unset\."):

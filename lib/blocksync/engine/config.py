@@ -216,8 +216,9 @@ class TrainConfig:
     stored rows: 4 bytes a feature, 8 a label, an id or a weight)."""
     shuffle_window_mb: float | None = None
     """With epoch_order=chunks: the MiB of rows shuffled together (rounded down to whole chunks, at least
-    one); None: half of `memory_budget_mb` less one local batch, so that the window trained on and the next
-    one, read meanwhile, fit in the budget with one batch."""
+    one); None: half of `memory_budget_mb` less one local batch (and with block_storage=stream, less 3x
+    the files' largest row group, which decoding holds), so that the window trained on and the next one,
+    read meanwhile, fit in the budget with one batch."""
     backend: Backend = "horovod"
     """Collective used for the block sync: horovod (Gloo/NCCL), torch_gloo, or spark
     (BarrierTaskContext.allGather; only for tiny models). `auto`: chosen on the driver before launch

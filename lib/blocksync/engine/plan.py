@@ -39,6 +39,9 @@ class ShardPlan:
     file_facts: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     """path -> (size in bytes, modification time in ns or None) as the driver found them with the footers:
     block_storage=stream checks every file against them before it reads it."""
+    largest_group_bytes: int = 0
+    """The largest row group's bytes, uncompressed (all its columns, from the footers): block_storage=stream
+    decodes one at a time, and its budget counts that (`epoch_order.chunk_layout`)."""
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,8 @@ def train_blocks(
     width = storage_width(info.num_features, id_width, 2 if weighted else 1)
     storage = resolve_storage(config, info.sizes, width, per_epoch, worker_memory(spark, config.num_workers),
                               has_files=shards is not None)
-    chunks = resolve_chunks(config, info.sizes, width, per_epoch, storage)
+    chunks = resolve_chunks(config, info.sizes, width, per_epoch, storage,
+                            shards.largest_group_bytes if shards is not None else 0)
     plan = WorkerPlan(
         config=config,
         num_features=info.num_features,

@@ -175,5 +175,5 @@ def plan_shards(
     paths_used = sorted({p.path for rank_pieces in pieces for p in rank_pieces})
     facts = {i.path: (int(i.size), i.mtime_ns) for i in dataset.filesystem.get_file_info(paths_used)}
     plan = ShardPlan(filesystem=dataset.filesystem, features=columns, label=label, pieces=pieces, weight=weight,
-                     file_facts=facts)
+                     file_facts=facts, largest_group_bytes=max(int(rg.total_byte_size or 0) for _, rg in groups))
     return plan, BlockInfo(num_features=num_features, sizes=sizes, labels=labels)

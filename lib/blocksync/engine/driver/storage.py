@@ -100,10 +100,11 @@ def _mib(size: float) -> str:
 
 
 def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
-                   storage: str) -> ChunkLayout | None:
+                   storage: str, largest_group_bytes: int = 0) -> ChunkLayout | None:
     """epoch_order=chunks: the layout every rank cuts its block by (`epoch_order.chunk_layout`); None for
     the global order. A reader from storage holds two windows and one local batch, each window at least
-    a local batch: a budget (or window) too small for that is refused before launch, naming the minimum."""
+    a local batch, and streaming, one row group being decoded (3 x `largest_group_bytes`): a budget (or
+    window) too small for that is refused before launch, naming the minimum."""
     width = row_bytes(num_features)
     if config.epoch_order != "chunks":
         if storage == "disk" and max(block_rows, default=0) * width > config.memory_budget_mb * 2**20:
@@ -112,7 +113,8 @@ def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int
                      "limit), train.epoch_order=chunks reads it sequentially instead")
         return None
     local = math.ceil(max(block_rows, default=0) / steps_per_epoch)
-    layout = chunk_layout(width, config.chunk_mb, config.memory_budget_mb, config.shuffle_window_mb, local)
+    decode = 3 * largest_group_bytes if storage == "stream" else 0
+    layout = chunk_layout(width, config.chunk_mb, config.memory_budget_mb, config.shuffle_window_mb, local, decode)
     if storage == "memory":  # the order only: nothing is read
         return layout
     if config.shuffle_window_mb is not None and layout.window_rows < local:
@@ -120,14 +122,15 @@ def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int
             f"train.shuffle_window_mb={config.shuffle_window_mb:g} holds {layout.window_rows} rows, fewer than one "
             f"local batch of {local} rows; raise it to at least {_mib(local * width)}, or leave it unset."
         )
-    needed = window_budget_bytes(layout, width, local)
+    needed = window_budget_bytes(layout, width, local, decode)
     if layout.window_rows < local or needed > config.memory_budget_mb * 2**20:
         if config.shuffle_window_mb is None:  # the smallest window: the fewest whole chunks that hold a batch
             smallest = ChunkLayout(layout.chunk_rows, max(1, math.ceil(local / layout.chunk_rows)))
-            needed = window_budget_bytes(smallest, width, local)
+            needed = window_budget_bytes(smallest, width, local, decode)
+        decoding = f", and decoding a row group of the files ({_mib(decode)} MiB)," if decode else ""
         raise ValueError(
             f"train.memory_budget_mb={config.memory_budget_mb} cannot hold two shuffle windows (the one trained "
-            f"on and the next, read meanwhile) and one local batch of {local} rows with epoch_order=chunks and "
-            f"block_storage={storage}; it needs at least {_mib(needed)}."
+            f"on and the next, read meanwhile) and one local batch of {local} rows{decoding} with "
+            f"epoch_order=chunks and block_storage={storage}; it needs at least {_mib(needed)}."
         )
     return layout

@@ -19,27 +19,29 @@ from blocksync.engine.worker.block_data import epoch_permutation
 
 
 def chunk_layout(row_bytes: int, chunk_mb: float, memory_budget_mb: float, window_mb: float | None,
-                 local_batch_rows: int) -> ChunkLayout:
+                 local_batch_rows: int, decode_bytes: int = 0) -> ChunkLayout:
     """The layout for rows of `row_bytes` bytes as stored (4 a float32 feature, 8 an int64 id, 8 a float64
     target or weight):
 
     - chunk_rows = max(1, floor(chunk_mb x 2^20) // row_bytes);
     - window bytes W = floor(shuffle_window_mb x 2^20), or unset: (floor(memory_budget_mb x 2^20) - L x
-      row_bytes) // 2 with L = ceil(largest block / steps per epoch), the largest local batch: a reader
-      holds the window being trained and the next one being read, and one local batch;
+      row_bytes - D) // 2 with L = ceil(largest block / steps per epoch), the largest local batch: a reader
+      holds the window being trained and the next one being read, and one local batch; D (`decode_bytes`)
+      is 0, except with block_storage=stream: 3 x the largest row group's bytes (uncompressed, from the
+      footers), what decoding one row group holds (the column chunk read, the decoded table, its copy);
     - window_chunks = max(1, W // (chunk_rows x row_bytes))."""
     chunk_rows = max(1, math.floor(chunk_mb * 2**20) // row_bytes)
     if window_mb is not None:
         window_bytes = math.floor(window_mb * 2**20)
     else:
-        window_bytes = (math.floor(memory_budget_mb * 2**20) - local_batch_rows * row_bytes) // 2
+        window_bytes = (math.floor(memory_budget_mb * 2**20) - local_batch_rows * row_bytes - decode_bytes) // 2
     return ChunkLayout(chunk_rows, max(1, window_bytes // (chunk_rows * row_bytes)))
 
 
-def window_budget_bytes(layout: ChunkLayout, row_bytes: int, local_batch_rows: int) -> int:
+def window_budget_bytes(layout: ChunkLayout, row_bytes: int, local_batch_rows: int, decode_bytes: int = 0) -> int:
     """What a rank reading in `chunks` order holds at once: two windows (the one it trains on, the next
-    one being read) and one local batch."""
-    return (2 * layout.window_rows + local_batch_rows) * row_bytes
+    one being read), one local batch and, streaming, one row group being decoded (`decode_bytes`)."""
+    return (2 * layout.window_rows + local_batch_rows) * row_bytes + decode_bytes
 
 
 @dataclass(frozen=True)
