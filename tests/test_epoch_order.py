@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from blocksync import TrainConfig
-from blocksync.engine.driver.storage import resolve_chunks, resolve_storage
+from blocksync.engine.driver.storage import resolve_chunks, resolve_order, resolve_storage
 from blocksync.engine.plan import ChunkLayout
 from blocksync.engine.worker.block_store import DiskBlockWriter, MemoryBlock, row_bytes
 from blocksync.engine.worker.epoch_order import chunk_layout, chunk_order, epoch_order, global_order
@@ -184,3 +184,14 @@ def test_the_settings_are_checked():
         TrainConfig(chunk_mb=0)
     with pytest.raises(ValueError, match=r"shuffle_window_mb=-1 must be > 0"):
         TrainConfig(shuffle_window_mb=-1)
+
+
+def test_epoch_order_auto_reads_in_chunks_the_blocks_read_from_storage_that_exceed_the_budget():
+    cfg = TrainConfig(num_workers=2, epoch_order="auto", memory_budget_mb=1, chunk_mb=0.25)
+    big, small = [100_000] * 2, [1_000] * 2  # 72 bytes a row: 7.2 MB and 72 kB blocks against a 1 MiB budget
+    assert [resolve_order(cfg, big, 16, s) for s in ("disk", "stream", "memory")] == ["chunks", "chunks", "global"]
+    assert [resolve_order(cfg, small, 16, s) for s in ("disk", "stream", "memory")] == ["global", "chunks", "global"]
+    assert resolve_order(TrainConfig(num_workers=2, epoch_order="global"), big, 16, "disk") == "global"
+    assert resolve_chunks(cfg, big, 16, 100, "disk") == ChunkLayout(3640, 1)
+    assert resolve_chunks(cfg, big, 16, 100, "memory") is None and resolve_chunks(cfg, small, 16, 10, "disk") is None
+    TrainConfig(block_storage="stream", epoch_order="auto")  # stream with auto reads in chunks: allowed

@@ -19,7 +19,7 @@ TaskKind = Literal["classification", "regression"]
 Compression = Literal["none", "fp16", "topk", "int8", "powersgd"]
 BlockSource = Literal["auto", "shuffle", "files"]
 BlockStorage = Literal["auto", "memory", "disk", "stream"]
-EpochOrderName = Literal["global", "chunks"]
+EpochOrderName = Literal["global", "chunks", "auto"]
 ReduceOp = Literal["sum", "adasum"]
 FaultMode = Literal["exit", "raise", "hang", "executor"]
 MixedPrecision = Literal["none", "bf16"]
@@ -210,7 +210,9 @@ class TrainConfig:
     block's chunks of `chunk_mb` are permuted and rows are shuffled within windows of consecutive chunks
     (`shuffle_window_mb`), so a block on disk is read sequentially, a window ahead of the step that
     needs it (the rule: `blocksync.engine.worker.epoch_order.chunk_order`, and the README). Every
-    storage mode gives the same result for the same order."""
+    storage mode gives the same result for the same order. `auto` (`driver.storage.resolve_order`): `chunks`
+    where a block is read from storage (disk or stream) and is larger than `memory_budget_mb`, so that the
+    page cache may not hold it, else `global`."""
     chunk_mb: float = 4.0
     """With epoch_order=chunks: the size of a chunk, the unit read sequentially and permuted (MiB of
     stored rows: 4 bytes a feature, 8 a label, an id or a weight)."""
@@ -406,7 +408,7 @@ class TrainConfig:
         if self.early_stopping_patience and self.sync == "parameters":
             raise ValueError("early_stopping_patience needs sync=gradients: with sync=parameters the replicas "
                              "differ between averages, so an epoch's weights are not one model.")
-        if self.block_storage == "stream" and (self.epoch_order != "chunks" or self.blocks == "shuffle"):
+        if self.block_storage == "stream" and (self.epoch_order == "global" or self.blocks == "shuffle"):
             raise ValueError(f"block_storage=stream reads each block from its Parquet files in the chunk order: set "
                              f"train.epoch_order=chunks (now {self.epoch_order}) and train from Parquet files "
                              f"(blocks=files or auto; now {self.blocks}), or use block_storage=disk.")

@@ -92,7 +92,8 @@ TRAIN_PARAMS: dict[str, tuple[str, Any, str]] = {
                      "(Parquet datasets read from their files, with epochOrder=chunks)"),
     "memoryBudgetMb": ("memory_budget_mb", _INT, "with blockStorage=disk: resident MiB of the block per worker"),
     "epochOrder": ("epoch_order", _STR, "global (one permutation of each block) or chunks (permuted chunks, "
-                   "rows shuffled within windows of them: sequential reads for blocks on disk)"),
+                   "rows shuffled within windows of them: sequential reads for blocks on disk) or auto (chunks for "
+                   "blocks on disk or streamed that are larger than memoryBudgetMb)"),
     "chunkMb": ("chunk_mb", _FLOAT, "with epochOrder=chunks: MiB of rows a chunk"),
     "shuffleWindowMb": ("shuffle_window_mb", _optional(_FLOAT), "with epochOrder=chunks: MiB of rows shuffled "
                         "together; None: half the memory budget less one batch"),

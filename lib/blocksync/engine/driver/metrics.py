@@ -86,6 +86,7 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "sync_fraction": sum(sync_time) / sum(step_time) if sum(step_time) > 0 else 0.0,
         "blocks": "files" if plan.shards else "shuffle",  # what ran, also when config.blocks is auto
         "block_storage": summaries[0].get("block_storage", "memory"),
+        "epoch_order": "chunks" if plan.chunks is not None else "global",  # what ran, also with epoch_order=auto
         "peak_rss_mb": [s.get("peak_rss_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         "peak_anon_mb": [s.get("peak_anon_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         # The optimizer's state tensors on each rank (Adam: 2 x 4 bytes a parameter; 1/N of that sharded).

@@ -82,7 +82,7 @@ def resolve_storage(config: TrainConfig, block_rows: list[int], num_features: in
             f"{memory[0] / 2**20:,.0f} MiB ({memory[1]}); set train.block_storage=disk (or auto), or raise "
             "num_workers so that each block is smaller."
         )
-    if storage == "disk" and config.epoch_order == "global":  # chunks: `resolve_chunks` checks its windows
+    if storage == "disk" and resolve_order(config, block_rows, num_features, storage) == "global":  # else chunks
         local_batch = math.ceil(max(block_rows, default=0) / steps_per_epoch)
         needed = min_budget_bytes(local_batch, num_features)
         if config.memory_budget_mb * 2**20 < needed:
@@ -99,6 +99,19 @@ def _mib(size: float) -> str:
     return f"{math.ceil(mib * 1000) / 1000:g}" if mib < 1 else f"{math.ceil(mib)}"
 
 
+def resolve_order(config: TrainConfig, block_rows: list[int], num_features: int, storage: str) -> str:
+    """`global` or `chunks`; `epoch_order=auto` picks `chunks` for blocks read from storage (disk, stream)
+    larger than `memory_budget_mb`: under a 512 MiB cgroup limit a 2 GiB block on disk trained at 14k
+    samples/s in the global order (a page fault a row) and 0.5 M in the chunk order; where the block fits
+    (in memory, or a disk block within the budget), `global` keeps the seeded results and was as fast
+    (benchmarks/results/memory_limit.md and epoch_order.md)."""
+    if config.epoch_order != "auto":
+        return config.epoch_order
+    largest = max(block_rows, default=0) * row_bytes(num_features)
+    large = largest > config.memory_budget_mb * 2**20
+    return "chunks" if storage == "stream" or (storage == "disk" and large) else "global"
+
+
 def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int, steps_per_epoch: int,
                    storage: str, largest_group_bytes: int = 0) -> ChunkLayout | None:
     """epoch_order=chunks: the layout every rank cuts its block by (`epoch_order.chunk_layout`); None for
@@ -106,7 +119,7 @@ def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int
     a local batch, and streaming, one row group being decoded (3 x `largest_group_bytes`): a budget (or
     window) too small for that is refused before launch, naming the minimum."""
     width = row_bytes(num_features)
-    if config.epoch_order != "chunks":
+    if resolve_order(config, block_rows, num_features, storage) != "chunks":
         if storage == "disk" and max(block_rows, default=0) * width > config.memory_budget_mb * 2**20:
             log.info("block_storage=disk with blocks larger than train.memory_budget_mb: each step reads its rows at "
                      "random positions of the block; where the page cache cannot hold the block (a container's "
