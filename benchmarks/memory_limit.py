@@ -9,8 +9,9 @@ address-space limit (RLIMIT_AS), which torch, pyarrow's allocator and Gloo's thr
 reserving address space they never use, so it is not the limit measured here.
 
 The benchmark makes a child cgroup of its own with LIMIT_MB, writes Parquet with one block of 4 x
-LIMIT_MB, and runs `memory_limit_job.py` (local[2], one worker) twice: block_storage=memory, then
-disk. Spark's Python daemon joins the cgroup before it imports anything (`cgroup_daemon.py`), so
+LIMIT_MB, and runs `memory_limit_job.py` (local[2], one worker): block_storage=memory (refused),
+then CONTENDERS for each of MODELS, alternating. Spark's Python daemon joins the cgroup before it
+imports anything (`cgroup_daemon.py`), so
 every Python worker, forked from it, is under the limit. Recorded: each run's outcome (the error a
 user reads, or steps, samples/s and the rank's peak RSS), the cgroup's peak usage (page cache
 included) and how often it hit the limit. Needs root and a cgroup v1 memory controller; elsewhere
