@@ -169,8 +169,10 @@ def test_the_driver_refuses_a_budget_too_small_for_two_windows_and_a_batch():
                                          r"at least 2\."):
         resolve_chunks(cfg, [100_000, 100_000], 16, 100, "stream", 200_000)
     small = TrainConfig(**{**cfg.to_dict(), "shuffle_window_mb": 0.5})
+    # 100,000 rows make 27 chunks and one of 1,720 rows: a window of 3 chunks may hold 2 x 3,640 + 1,720 = 9,000.
     with pytest.raises(ValueError, match=r"train.shuffle_window_mb=0.5 holds 7280 rows, fewer than one local batch "
-                                         r"of 10000 rows; raise it to at least 0.687, or leave it unset\."):
+                                         r"of 10000 rows \(with a block's short last chunk\); raise it to at least "
+                                         r"1, or leave it unset\."):
         resolve_chunks(small, [100_000, 100_000], 16, 10, "disk")
     assert resolve_chunks(TrainConfig(num_workers=2), [10], 16, 1, "disk") is None  # the global order
     # The global order's one-batch check does not stand in the way of the chunks check.

@@ -23,7 +23,12 @@ from blocksync.engine.config import TrainConfig
 from blocksync.engine.driver.spark_facts import is_connect, is_local
 from blocksync.engine.plan import ChunkLayout
 from blocksync.engine.worker.block_store import min_budget_bytes, row_bytes
-from blocksync.engine.worker.epoch_order import chunk_layout, window_budget_bytes
+from blocksync.engine.worker.epoch_order import (
+    chunk_layout,
+    fewest_window_chunks,
+    smallest_window_rows,
+    window_budget_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +135,18 @@ def resolve_chunks(config: TrainConfig, block_rows: list[int], num_features: int
     layout = chunk_layout(width, config.chunk_mb, config.memory_budget_mb, config.shuffle_window_mb, local, decode)
     if storage == "memory":  # the order only: nothing is read
         return layout
-    if config.shuffle_window_mb is not None and layout.window_rows < local:
+    fewest = ChunkLayout(layout.chunk_rows, fewest_window_chunks(layout.chunk_rows, block_rows, local))
+    short = smallest_window_rows(layout, block_rows) < local  # with a block's short last chunk, maybe
+    if config.shuffle_window_mb is not None and short:
         raise ValueError(
             f"train.shuffle_window_mb={config.shuffle_window_mb:g} holds {layout.window_rows} rows, fewer than one "
-            f"local batch of {local} rows; raise it to at least {_mib(local * width)}, or leave it unset."
+            f"local batch of {local} rows (with a block's short last chunk); raise it to at least "
+            f"{_mib(fewest.window_rows * width)}, or leave it unset."
         )
     needed = window_budget_bytes(layout, width, local, decode)
-    if layout.window_rows < local or needed > config.memory_budget_mb * 2**20:
+    if short or needed > config.memory_budget_mb * 2**20:
         if config.shuffle_window_mb is None:  # the smallest window: the fewest whole chunks that hold a batch
-            smallest = ChunkLayout(layout.chunk_rows, max(1, math.ceil(local / layout.chunk_rows)))
-            needed = window_budget_bytes(smallest, width, local, decode)
+            needed = window_budget_bytes(fewest, width, local, decode)
         decoding = f", and decoding a row group of the files ({_mib(decode)} MiB)," if decode else ""
         raise ValueError(
             f"train.memory_budget_mb={config.memory_budget_mb} cannot hold two shuffle windows (the one trained "

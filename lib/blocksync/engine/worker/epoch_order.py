@@ -44,6 +44,22 @@ def window_budget_bytes(layout: ChunkLayout, row_bytes: int, local_batch_rows: i
     return (2 * layout.window_rows + local_batch_rows) * row_bytes + decode_bytes
 
 
+def smallest_window_rows(layout: ChunkLayout, block_rows: list[int]) -> int:
+    """The fewest rows a window other than an epoch's last can hold: one of its chunks may be a block's
+    short last chunk (n mod chunk_rows rows). A reader holding two windows serves any step only if these
+    hold a local batch each (a step's rows then lie in at most two windows)."""
+    return min(((layout.window_chunks - 1) * layout.chunk_rows + (n % layout.chunk_rows or layout.chunk_rows)
+                for n in block_rows if n > layout.window_rows), default=layout.window_rows)
+
+
+def fewest_window_chunks(chunk_rows: int, block_rows: list[int], local_batch_rows: int) -> int:
+    """The fewest chunks a window needs so that `smallest_window_rows` holds a local batch."""
+    chunks = max(1, math.ceil(local_batch_rows / chunk_rows))
+    while smallest_window_rows(ChunkLayout(chunk_rows, chunks), block_rows) < local_batch_rows:
+        chunks += 1  # at most once: one more whole chunk holds the batch
+    return chunks
+
+
 @dataclass(frozen=True)
 class Window:
     """Positions [start, start + rows) of an epoch: the rows of `chunks`, concatenated in that order,
