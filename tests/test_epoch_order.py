@@ -85,10 +85,10 @@ def test_the_window_reader_gives_the_rows_a_memory_block_gives(tmp_path, weighte
 
 
 class CountingSource:
-    """A row source over arrays that records each read, each advice and how many windows are held at once."""
+    """A row source over arrays that records each read and how many windows are held at once."""
 
     def __init__(self, x: np.ndarray, fail_at: int | None = None) -> None:
-        self.x, self.reads, self.advised, self.fail_at = x, [], [], fail_at
+        self.x, self.reads, self.fail_at = x, [], fail_at
         self.live = self.peak = 0
         self.lock = threading.Lock()
 
@@ -105,9 +105,6 @@ class CountingSource:
         self.reads.append((lo, hi))
         out[0][at:at + hi - lo] = self.x[lo:hi]
         out[2][at:at + hi - lo] = 0.0
-
-    def advise(self, lo: int, hi: int) -> None:
-        self.advised.append((lo, hi, len(self.reads)))
 
 
 def test_the_reader_reads_whole_chunks_once_and_holds_two_windows(monkeypatch):
@@ -132,10 +129,6 @@ def test_the_reader_reads_whole_chunks_once_and_holds_two_windows(monkeypatch):
         feed.close()
     assert sorted(source.reads) == [(lo, lo + 25) for lo in range(0, 1000, 25)]  # each chunk once, whole
     assert source.peak == 2 and released == 19  # never more than the window in use and the next one
-    # Each window after the first is advised once, chunk by chunk, before any of its chunks is read.
-    first = {c * 25 for c in order.windows[0].chunks.tolist()}
-    assert sorted(a[:2] for a in source.advised) == [(lo, lo + 25) for lo in range(0, 1000, 25) if lo not in first]
-    assert all(source.reads.index((lo, hi)) >= done for lo, hi, done in source.advised)
 
 
 def test_a_read_error_reaches_the_step():

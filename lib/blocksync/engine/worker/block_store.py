@@ -257,17 +257,6 @@ class DiskBlock:
             if f is not None and target.size:  # no ids, or no features
                 _pread_exactly(f.fileno(), memoryview(target.data).cast("B"), lo * (target.nbytes // rows))
 
-    def advise(self, lo: int, hi: int) -> None:
-        """Rows [lo, hi) are read next (the window reader's next window): the kernel starts reading them now
-        (POSIX_FADV_WILLNEED), so the disk has the next window's chunks queued while this one's are copied
-        out; chunks at random places of the file read about 1.5x faster so (benchmarks/memory_limit.md)."""
-        if not hasattr(os, "posix_fadvise"):  # macOS: the reads wait, only slower
-            return
-        for f, part in zip(self._files_by_kind(), self.empty(0), strict=True):
-            width = part.itemsize * int(np.prod(part.shape[1:], dtype=np.int64))
-            if f is not None and width:
-                os.posix_fadvise(f.fileno(), lo * width, (hi - lo) * width, os.POSIX_FADV_WILLNEED)
-
     def _files_by_kind(self) -> list[IO[bytes] | None]:
         """(features, ids, targets) files, in the order of `take`'s tensors (None: no id file)."""
         return [self._files[0], self._files[2] if self.id_width else None, self._files[1]]

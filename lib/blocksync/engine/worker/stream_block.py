@@ -93,10 +93,6 @@ class StreamBlock:
                 raise ValueError(f"{problem} (in {piece.path}, read by block_storage=stream)")
             out[0][at + a - lo:at + b - lo], out[2][at + a - lo:at + b - lo] = x, y
 
-    def advise(self, lo: int, hi: int) -> None:
-        """Nothing: decoding a row group, not reading it, bounds how fast a window streams (about 300 MB/s of
-        rows against the disk's 1 GB/s and more, benchmarks/memory_limit.md)."""
-
     def weights(self) -> torch.Tensor:
         """Every row's weight, read once an epoch (8 bytes a row in memory); rows of (label, weight) only."""
         y = np.empty((self.rows, *self.target_shape), np.float64)

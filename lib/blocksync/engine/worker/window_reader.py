@@ -39,14 +39,11 @@ class Feed(Protocol):
 
 
 class RowSource(Protocol):
-    """A block that copies consecutive rows out: `empty(rows)` arrays and `read_into(lo, hi, out)`; `advise(lo,
-    hi)` says rows [lo, hi) will be read next, so that storage can start reading them."""
+    """A block that copies consecutive rows out: `empty(rows)` arrays and `read_into(lo, hi, out)`."""
 
     def empty(self, rows: int) -> Piece: ...
 
     def read_into(self, lo: int, hi: int, out: Piece, at: int) -> None: ...
-
-    def advise(self, lo: int, hi: int) -> None: ...
 
 
 class OrderFeed:
@@ -91,16 +88,13 @@ class WindowFeed:
 
     def _fill(self) -> None:
         try:
-            for k, window in enumerate(self._pending):
+            for window in self._pending:
                 while not self._slots.acquire(timeout=0.05):
                     if self._stop.is_set():
                         return
                 if self._stop.is_set():
                     return
                 started = time.perf_counter()
-                if k + 1 < len(self._pending):  # the disk reads the next window while this one is copied out
-                    for lo, hi in self._ranges(self._pending[k + 1]):
-                        self.source.advise(lo, hi)
                 piece = self._read(window)
                 self.read_seconds += time.perf_counter() - started
                 self._ready.put((window, piece))
