@@ -12,6 +12,8 @@
 #   BLOCKSYNC_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/blocksync/wheels)
 #   BLOCKSYNC_CUDA=1     build Horovod with NCCL GPU operations (CUDA images)
 #   BLOCKSYNC_JVM_ARCHIVE=0  do not record the JVM class archive local sessions start with
+#   BLOCKSYNC_DEPS_ONLY=1  install the pinned packages and Horovod but not blocksync itself (the
+#                        Dockerfile's dependency layer, so a source change does not reinstall them)
 #
 # Horovod 0.28.1 (the last release) does not build from its sdist against
 # torch >= 2.1 as is: its CMake files ask for C++14 and torch's headers need
@@ -96,7 +98,7 @@ fi
 
 say "installing pinned packages into $VENV (first run: a few minutes)"
 pip_install -q -r requirements.lock
-pip_install -q --no-deps -e .
+[ "${BLOCKSYNC_DEPS_ONLY:-0}" = 1 ] || pip_install -q --no-deps -e .
 
 torch_version=$("$vpy" -c 'import torch; print(torch.__version__.split("+")[0])')
 [ "$torch_version" = "$torch_pin" ] || die "installed torch $torch_version differs from the pin $torch_pin in requirements.lock."
@@ -171,6 +173,10 @@ else
   installed_ok || die "horovod installed from $whl but does not import with Gloo; remove $wheel_dir and rerun."
 fi
 
+if [ "${BLOCKSYNC_DEPS_ONLY:-0}" = 1 ]; then
+  say "dependencies installed into $VENV (BLOCKSYNC_DEPS_ONLY=1: blocksync itself not installed, no stamp)"
+  exit 0
+fi
 rm -f "$archive" "$archive.bytes"  # the pins changed: against the old jars a JVM would only warn and skip it
 record_archive
 echo "$want" > "$stamp"

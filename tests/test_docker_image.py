@@ -7,7 +7,8 @@ from Debian's packages (root and debootstrap needed; about 2 minutes, kept for l
 Podman runs with `tests/containers/sandbox.conf` (why each line: the file) unless CONTAINERS_CONF
 is set. With podman the build mounts the host's pip find-links folders (a local torch CPU wheel),
 pip cache and Horovod wheel cache, so a rebuild on the same machine compiles nothing; the first
-build compiles Horovod inside the image.
+build compiles Horovod inside the image. The dependency stages are kept, tagged `localhost/blocksync-cache:*`
+(about 3 GB), so a later run after a source change reuses them (`podman rmi` them to reclaim the space).
 
 Skipped, naming what is missing, where no engine, base image or container start is possible.
 """
@@ -24,6 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "localhost/blocksync:pytest"
+CACHE_TAGS = ("localhost/blocksync-cache:builder", "localhost/blocksync-cache:runtime-base")
 DEFAULT_CPU_IMAGE = "python:3.11-slim-bookworm"
 DEBIAN_BASE = "localhost/blocksync-base:bookworm"
 SANDBOX_CONF = REPO / "tests" / "containers" / "sandbox.conf"
@@ -118,13 +120,17 @@ def test_image_builds_and_runs_the_demo(tmp_path):
     ctx = _clean_context(tmp_path)
     mounts = _podman_build_mounts() if Path(engine).name == "podman" else []
     try:
-        build = _run([engine, "build", *mounts, "--build-arg", f"CPU_IMAGE={base}", "-t", TAG, str(ctx)],
-                     timeout=5000)
-        assert build.returncode == 0, f"{engine} build failed:\n{(build.stdout + build.stderr)[-6000:]}"
+        # The two dependency stages first, each tagged, so the prune below keeps them as the build cache
+        # (a rebuild after a source change then installs nothing); then the image itself.
+        for target, tag in (("builder", CACHE_TAGS[0]), ("runtime-base", CACHE_TAGS[1]), (None, TAG)):
+            chosen = ["--target", target] if target else []
+            build = _run([engine, "build", *mounts, *chosen, "--build-arg", f"CPU_IMAGE={base}", "-t", tag,
+                          str(ctx)], timeout=5000)
+            assert build.returncode == 0, f"{engine} build failed:\n{(build.stdout + build.stderr)[-6000:]}"
         # The image's CMD is the demo: `blocksync run --config conf/local.yaml --overwrite --quiet`.
         demo = _run([engine, "run", "--rm", TAG], timeout=1500)
     finally:
-        # Each build leaves a 3 GB image and an untagged builder stage; keep the base and the layer cache.
+        # Each build leaves a 3 GB image: remove it and the untagged layers; the tagged stages stay as the cache.
         _run([engine, "rmi", "-f", TAG], timeout=300)
         _run([engine, "image", "prune", "-f"], timeout=300)
     out = demo.stdout + demo.stderr
