@@ -55,7 +55,8 @@ def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs:
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
                batch_rows: int):
     """The barrier task function: every rank measures at the same time (so they contend for the hosts as
-    they will in training) and returns one row: {"rank", "host", "rows_per_s"}."""
+    they will in training) and returns one row: {"rank", "host", "rows_per_s", "executor"} (the task's
+    address, which tells executors on one host apart)."""
 
     def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
@@ -68,7 +69,8 @@ def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs:
         torch.set_num_threads(threads)
         ctx.barrier()
         rate = probe_rate(config, num_features, num_outputs, inputs, batch_rows, rank)
-        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate}
+        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate,
+                                "executor": ctx.getTaskInfos()[rank].address}
         yield pa.RecordBatch.from_pylist([{"payload": json.dumps(fact)}])
 
     return probe
