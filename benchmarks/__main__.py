@@ -19,7 +19,7 @@ BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "horovod_env", "comp
               "scaling", "sharding", "sharding_limit")
 NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "memory",
                "epoch_order",
-               "scoring", "model_selection", "accuracy", "balance", "sharding")
+               "scoring", "model_selection", "accuracy", "sharding")
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -87,10 +87,16 @@ def collect_blocks(blocks: DataFrame, num_workers: int) -> list[tuple[np.ndarray
 
 def own_memory_cgroup() -> Path | None:
     """This process's cgroup v1 memory folder, when we may add child cgroups to it (root); else None."""
+    return own_cgroup("memory")
+
+
+def own_cgroup(controller: str) -> Path | None:
+    """This process's cgroup v1 folder of `controller` (memory, cpu), when we may add child cgroups to it
+    (root); else None."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            folder = Path(f"/sys/fs/cgroup/memory{path}")
+        if controller in controllers.split(","):
+            folder = Path(f"/sys/fs/cgroup/{controller}{path}")
             return folder if os.geteuid() == 0 and os.access(folder, os.W_OK) else None
     return None
 

@@ -29,8 +29,10 @@ def free_port() -> int:
 class StandaloneCluster:
     def __init__(
         self, workdir: Path, num_workers: int = 2, cores: int = 2, memory: str = "2g",
-        worker_opts: str | None = None,
+        worker_opts: str | None = None, worker_cgroups: list[Path] | None = None,
     ) -> None:
+        """`worker_cgroups`: a cgroup folder per worker (e.g. cgroup v1 cpu) that the worker's JVM joins before
+        it starts, so its executors and their Python workers, its children, are under that cgroup's limits."""
         self.home = Path(pyspark.__file__).parent
         self.workdir = workdir
         self.port, self.ui_port = free_port(), free_port()
@@ -50,11 +52,14 @@ class StandaloneCluster:
             self.env["SPARK_WORKER_OPTS"] = worker_opts
         self.procs: list[subprocess.Popen] = []
         self.num_workers, self.cores, self.memory = num_workers, cores, memory
+        self.worker_cgroups = worker_cgroups
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, cgroup: Path | None = None) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         cmd = [str(self.home / "bin" / "spark-class"), *args]
-        self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT))
+        join = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
+        self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           preexec_fn=join))
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -62,7 +67,8 @@ class StandaloneCluster:
         for i in range(self.num_workers):
             self._spawn(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                         "--cores", str(self.cores), "--memory", self.memory,
-                        "--webui-port", str(free_port()), self.url)
+                        "--webui-port", str(free_port()), self.url,
+                        cgroup=self.worker_cgroups[i] if self.worker_cgroups else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.alive_workers() == self.num_workers:

@@ -8,10 +8,14 @@ import numpy as np
 import pytest
 
 from blocksync import ModelSpec, TrainConfig, train, train_files
-from blocksync.engine.balance import check_shares, weighted_sizes
-from blocksync.engine.driver.balancing import Balance
+from blocksync.engine import checkpoint
+from blocksync.engine.balance import check_shares, weighted_sizes, within_tolerance
+from blocksync.engine.driver import balancing
+from blocksync.engine.driver.balancing import Balance, placement
 from blocksync.engine.driver.blocks import make_blocks
 from blocksync.engine.driver.launcher import train_blocks
+from blocksync.engine.plan import ShardPlan, WorkerPlan
+from blocksync.engine.worker.placement import block_of_rank
 from blocksync.engine.worker.trainer import straggle
 from tests.conftest import synthetic_classification
 from tests.helpers import collect_blocks
@@ -67,6 +71,34 @@ def test_slow_factor_is_validated_and_stretches_compute():
     started = time.perf_counter()
     straggle(0.05, 1.0, 0.0)
     assert time.perf_counter() - started < 0.05
+
+
+def test_speeds_within_ten_percent_are_equal_machines():
+    assert within_tolerance([1000.0, 901.0]) and within_tolerance([500.0, 500.0, 480.0, 520.0])
+    assert not within_tolerance([1000.0, 899.0]) and not within_tolerance([1000.0, 500.0])
+
+
+def test_each_rank_reads_the_block_cut_for_its_executor(tmp_path):
+    shards = ShardPlan(filesystem=None, features=["f"], label="y", pieces=[[], [], []])  # type: ignore[arg-type]
+    balance = {"speeds": [1.0, 2.0, 3.0], "hosts": ["h"] * 3, "executors": ["a:1", "b:1", "c:1"], "cut": "speed"}
+    plan = WorkerPlan(config=TrainConfig(num_workers=3), num_features=1, num_outputs=2, total_rows=9,
+                      steps_per_epoch=1, shards=shards, balance=balance)
+    # Spark placed training's tasks on the probe's executors in another order: each rank follows its executor.
+    assert block_of_rank(plan, ["c:1", "a:1", "b:1"]) == [2, 0, 1]
+    assert placement(balance, [2, 0, 1], ["c:1", "a:1", "b:1"]) == []
+    assert block_of_rank(plan, ["a:1", "a:1", "a:1"]) == [0, 1, 2]  # other executors than the probe's: ids kept
+    assert placement(balance, [0, 1, 2], ["b:1", "a:1", "c:1"]) == [0, 1]  # shuffle cannot follow: named
+    two_slots = {**balance, "executors": ["a:1", "b:1", "a:1"]}  # an executor of two slots shares its blocks
+    assert block_of_rank(WorkerPlan(**{**plan.__dict__, "balance": two_slots}), ["b:1", "a:1", "a:1"]) == [1, 0, 2]
+    for unchanged in ({**balance, "cut": "even"}, None):  # an even cut, or balance=even: the identity
+        assert block_of_rank(WorkerPlan(**{**plan.__dict__, "balance": unchanged}), ["c:1", "a:1", "b:1"]) == [0, 1, 2]
+    assert placement({**balance, "executors": ["driver"] * 3}, [0, 1, 2], ["x", "y", "z"]) == []  # local mode
+    # A relaunch keeps the assignment saved with the checkpoint it resumes, wherever Spark places it now.
+    saved = tmp_path / "step-000000004"
+    saved.mkdir()
+    (saved / checkpoint.MANIFEST).write_text('{"balance": {"block_of_rank": [1, 2, 0]}}')
+    resumed = WorkerPlan(**{**plan.__dict__, "resume_from": str(saved)})
+    assert block_of_rank(resumed, ["a:1", "b:1", "c:1"]) == [1, 2, 0]
 
 
 def cfg(**extra) -> TrainConfig:
@@ -145,6 +177,20 @@ def test_a_relaunch_resumes_on_the_saved_cut_bitwise(spark, data, tmp_path):  # 
     assert max_param_diff(again.model, first.model) == 0.0
 
 
+def test_speeds_within_tolerance_cut_exactly_as_even(spark, data, monkeypatch):  # noqa: F811
+    root, _, _ = data
+    measured = Balance(speeds=[1000.0, 940.0], hosts=["h", "h"], executors=["driver", "driver"])
+    monkeypatch.setattr(balancing, "measure", lambda *args: measured)  # equal machines up to probe noise
+    config = cfg(epochs=1, faults={})
+    speed = train_files(spark, str(root / "arrays"), config)
+    even = train_files(spark, str(root / "arrays"), cfg(epochs=1, faults={}, balance="even"))
+    assert speed.block_sizes == even.block_sizes == [102, 101]
+    assert max_param_diff(speed.model, even.model) == 0.0
+    balance = speed.metrics["balance"]
+    assert balance["cut"] == "even" and balance["cut_reason"] == "speeds within tolerance (10%), cut even"
+    assert balance["probe_rows_per_s"] == [1000.0, 940.0]
+
+
 def test_the_report_labels_each_rank_with_its_share_and_speed():
     from blocksync.pipeline.report import rank_labels
 
@@ -154,3 +200,11 @@ def test_the_report_labels_each_rank_with_its_share_and_speed():
     assert labels == ["0\n60% rows\n3,000 rows/s\n512 MiB", "1\n40% rows\n2,000 rows/s\n500 MiB"]
     assert what == "its share of the rows and probed speed (balance=speed) and peak RSS (block_storage=disk)"
     assert rank_labels([0, 1], {"balance": {"mode": "even", "row_shares": [0.5, 0.5]}}) == (["0", "1"], "")
+    # Rank 0 read block 1 (cut for its executor): its label shows block 1's speed; an even cut says so.
+    moved = {"balance": {"mode": "speed", "row_shares": [0.4, 0.6], "probe_rows_per_s": [3000.0, 2000.0],
+                         "block_of_rank": [1, 0], "cut": "speed"}}
+    assert rank_labels([0, 1], moved)[0] == ["0\n40% rows\n2,000 rows/s", "1\n60% rows\n3,000 rows/s"]
+    even_cut = {"balance": {"mode": "speed", "row_shares": [0.5, 0.5], "probe_rows_per_s": [3000.0, 2900.0],
+                            "cut": "even"}}
+    assert rank_labels([0, 1], even_cut)[1] == ("its share of the rows and probed speed (balance=speed: speeds "
+                                                "within tolerance, cut even)")

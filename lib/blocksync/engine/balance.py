@@ -1,6 +1,18 @@
-"""`balance: speed`: block sizes in proportion to each rank's measured step rate (`weighted_sizes`)."""
+"""`balance: speed`: block sizes in proportion to each rank's measured step rate (`weighted_sizes`), unless the
+speeds are within `SPEED_TOLERANCE` of each other (`within_tolerance`): then the cut is `even`'s."""
 
 from __future__ import annotations
+
+SPEED_TOLERANCE = 0.10
+"""Speeds whose slowest is at least (1 - this) x the fastest are taken as equal machines and cut evenly. Cutting
+by them would gain at most this fraction of the step time (the even step waits for the slowest rank, which is
+at most 10% slower), while the probe's own spread on equal ranks is of that order (time slices, warm-up), so a
+smaller tolerance would let noise move the cut; a larger one would leave real differences unbalanced."""
+
+
+def within_tolerance(speeds: list[float], tolerance: float = SPEED_TOLERANCE) -> bool:
+    """True when the slowest speed is at least (1 - `tolerance`) x the fastest: cut as `balance: even` does."""
+    return min(speeds) >= (1.0 - tolerance) * max(speeds)
 
 
 def weighted_sizes(total: int, speeds: list[float]) -> list[int]:

@@ -114,7 +114,8 @@ class Snapshot:
     """A sharded run's layout ({"num_params", "num_shards"}): its optimizer state is in `zero-K` files,
     one per shard, not in the state file. None: the optimizer state is whole in the state file."""
     balance: dict[str, Any] | None = None
-    """`balance: speed`'s measured speeds and hosts, so a relaunch cuts the same blocks; None: even."""
+    """`balance: speed`'s measured speeds, hosts and executors, its cut and which block each rank read, so a
+    relaunch cuts the same blocks and gives each rank the same one; None: even."""
 
 
 def write(
@@ -191,6 +192,15 @@ def read(path: str, rank: int | None = None) -> Snapshot:
         zero=manifest.get("zero"),
         balance=manifest.get("balance"),
     )
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """A committed checkpoint's manifest alone (step, history, balance), without its tensors."""
+    fs, folder = filesystem(path)
+    try:
+        return json.loads(_read(fs, f"{folder}/{MANIFEST}"))
+    except Exception as err:  # any read or parse failure makes the checkpoint unusable
+        raise _unusable(path, err) from err
 
 
 def read_part(path: str, name: str) -> dict[str, torch.Tensor]:

@@ -198,9 +198,10 @@ class TrainConfig:
     cut, a short barrier stage times every rank's training steps on synthetic batches of the real shapes
     (the `probe` start-up phase) and block sizes follow the measured rows per second (largest remainders,
     `engine.balance.weighted_sizes`); local batches follow block sizes, so each step's global batch keeps
-    its size and a slower rank gets fewer rows per step. The speeds are saved with checkpoints, so a
-    relaunch cuts the same blocks. Spark may run the probe's task i on another executor than training's
-    task i: on a cluster of mixed machines, compare metrics.json `balance.probe_hosts` with the training hosts."""
+    its size and a slower rank gets fewer rows per step. Speeds within 10% of each other cut exactly as
+    `even` (`engine.balance.SPEED_TOLERANCE`). With blocks=files each rank reads the block cut for the executor
+    it runs on (Spark may place the probe's task i elsewhere than training's); with blocks=shuffle a rank on
+    another executor is named (`balance.misplaced_ranks`). Saved with checkpoints: a relaunch cuts the same."""
     memory_budget_mb: int = 256
     """With block_storage=disk: the most of the mapped block a worker keeps resident at once. With
     epoch_order=chunks it also sizes the shuffle window (see `shuffle_window_mb`)."""

@@ -52,9 +52,12 @@ def rank_labels(ranks: list[int], metrics: dict[str, Any]) -> tuple[list[str], s
     labels, what = [str(r) for r in ranks], []
     balance = metrics.get("balance") or {}
     if balance.get("mode") == "speed" and len(balance.get("row_shares", [])) == len(ranks):
+        blocks = balance.get("block_of_rank") or list(range(len(ranks)))  # the speed its block was cut for
+        speeds = [balance["probe_rows_per_s"][b] for b in blocks]
         labels = [f"{lab}\n{100 * s:.0f}% rows\n{v:,.0f} rows/s" for lab, s, v in
-                  zip(labels, balance["row_shares"], balance["probe_rows_per_s"], strict=True)]
-        what.append("its share of the rows and probed speed (balance=speed)")
+                  zip(labels, balance["row_shares"], speeds, strict=True)]
+        what.append("its share of the rows and probed speed (balance=speed"
+                    + (": speeds within tolerance, cut even)" if balance.get("cut") == "even" else ")"))
     peaks = metrics.get("peak_rss_mb") or []
     if len(peaks) == len(ranks) and all(p is not None for p in peaks):  # the OS's peak resident memory per rank
         labels = [f"{lab}\n{p:,.0f} MiB" for lab, p in zip(labels, peaks, strict=True)]

@@ -1,4 +1,5 @@
-"""Driver side of `balance: speed`: probe every rank's step rate, or reuse a checkpoint's, and cut by it."""
+"""Driver side of `balance: speed`: probe every rank's step rate, or reuse a checkpoint's, and cut by it
+(or evenly, when the speeds are within `SPEED_TOLERANCE`); `placement` checks where the blocks then ran."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from blocksync.engine import checkpoint
-from blocksync.engine.balance import check_shares, weighted_sizes
+from blocksync.engine.balance import SPEED_TOLERANCE, check_shares, weighted_sizes, within_tolerance
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.inputs import InputSpec
 from blocksync.engine.worker.block_data import steps_per_epoch
@@ -22,18 +23,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Balance:
-    """What `balance: speed` measured and cut: per rank, rows per second, host and block rows."""
+    """What `balance: speed` measured and cut: per probe rank (= block), rows per second, host, executor and
+    block rows."""
 
     speeds: list[float] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
+    executors: list[str] = field(default_factory=list)
+    """The executor (Spark's task address, host:port) each speed was measured on: block b is cut for
+    `executors[b]`, and with blocks=files the rank training there reads it (`worker.placement`)."""
     sizes: list[int] = field(default_factory=list)
     probe_seconds: float = 0.0
     source: str = "probe"
     """`probe`: measured now; `checkpoint`: the speeds saved with the checkpoint this run resumes."""
+    cut: str = "speed"
+    """`speed`: sizes follow the speeds; `even`: the speeds were within SPEED_TOLERANCE, so the cut is even's."""
 
     def to_dict(self) -> dict:
-        return {"speeds": self.speeds, "hosts": self.hosts, "sizes": self.sizes,
-                "probe_seconds": self.probe_seconds, "source": self.source}
+        return {"speeds": self.speeds, "hosts": self.hosts, "executors": self.executors, "sizes": self.sizes,
+                "probe_seconds": self.probe_seconds, "source": self.source, "cut": self.cut}
 
 
 def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
@@ -47,7 +54,7 @@ def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_out
     facts = sorted((json.loads(r["payload"]) for r in rows), key=lambda f: f["rank"])
     seconds = time.perf_counter() - started
     balance = Balance(speeds=[float(f["rows_per_s"]) for f in facts], hosts=[f["host"] for f in facts],
-                      probe_seconds=round(seconds, 4))
+                      executors=[f["executor"] for f in facts], probe_seconds=round(seconds, 4))
     log.info("balance=speed probe (%.2f s): rows/s per rank %s", seconds, [round(s) for s in balance.speeds])
     return balance
 
@@ -61,20 +68,37 @@ def saved(config: TrainConfig) -> Balance | None:
     if len(found["speeds"]) != config.num_workers:
         raise ValueError(f"checkpoint {path} was cut for {len(found['speeds'])} workers by balance=speed but "
                          f"num_workers={config.num_workers}; keep num_workers, or use an empty checkpoint.dir.")
-    return Balance(speeds=found["speeds"], hosts=found["hosts"], source="checkpoint")
+    return Balance(speeds=found["speeds"], hosts=found["hosts"], executors=found.get("executors", []),
+                   source="checkpoint")
 
 
 def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[float, float, int]], int],
-           chosen: list[Balance]) -> Callable[[int, tuple | None, InputSpec | None, int], list[int]]:
+           chosen: list[Balance]) -> Callable[[int, tuple | None, InputSpec | None, int], list[int] | None]:
     """The `cut` callback `make_blocks` and `plan_shards` call once they know the data's shape and rows:
-    it measures (or reuses) the speeds and returns the block sizes; the `Balance` lands in `chosen`."""
+    it measures (or reuses) the speeds and returns the block sizes, or None (the even cut) when the speeds
+    are within SPEED_TOLERANCE; the `Balance` lands in `chosen`."""
 
-    def cut(num_features: int, labels: tuple | None, inputs: InputSpec | None, total_rows: int) -> list[int]:
+    def cut(num_features: int, labels: tuple | None, inputs: InputSpec | None, total_rows: int) -> list[int] | None:
         assert labels is not None, "make_blocks and plan_shards pass the label facts they found"
         balance = saved(config) or measure(spark, config, num_features, outputs(labels), inputs, total_rows)
+        chosen.append(balance)
+        if within_tolerance(balance.speeds):
+            balance.cut = "even"
+            log.info("balance=speed: speeds within tolerance, cut even (slowest %.0f rows/s is within %.0f%% of "
+                     "the fastest %.0f)", min(balance.speeds), 100 * SPEED_TOLERANCE, max(balance.speeds))
+            return None
         balance.sizes = weighted_sizes(total_rows, balance.speeds)
         check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts)
-        chosen.append(balance)
         return balance.sizes
 
     return cut
+
+
+def placement(balance: dict, block_of_rank: list[int], train_executors: list[str]) -> list[int]:
+    """The ranks that trained on another executor than the one their block was cut for (the probe's): Spark
+    places each stage's tasks afresh, and with blocks=shuffle a partition's rows cannot follow the executor.
+    Empty when the cut is even, or when the probe's executors cannot be told apart (local mode)."""
+    probe = balance.get("executors") or []
+    if balance.get("cut") != "speed" or len(set(probe)) < 2 or len(probe) != len(block_of_rank):
+        return []
+    return [r for r, b in enumerate(block_of_rank) if probe[b] != train_executors[r]]

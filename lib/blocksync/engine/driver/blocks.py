@@ -202,7 +202,7 @@ def make_blocks(
     validation_fraction: float = 0.0,
     weight: str | None = None,
     inputs: InputSpec | None = None,
-    cut: Callable[[int, tuple | None, InputSpec | None, int], list[int]] | None = None,
+    cut: Callable[[int, tuple | None, InputSpec | None, int], list[int] | None] | None = None,
 ) -> tuple[DataFrame, BlockInfo]:
     """Return (blocks DataFrame with exactly `num_workers` partitions, BlockInfo).
 
@@ -221,8 +221,9 @@ def make_blocks(
     3. `block = (rows in earlier buckets + number within bucket) mod N`: round robin
        over a seeded permutation, so block sizes differ by at most one. With `cut` (balance=speed:
        called with the feature width, label facts, inputs and training row count, it returns the
-       block sizes), training row g of that same order goes to the block whose contiguous range
-       [sizes[0] + ... + sizes[b-1], ... + sizes[b]) holds g; held-out rows stay round robin.
+       block sizes, or None to keep this even cut), training row g of that same order goes to the
+       block whose contiguous range [sizes[0] + ... + sizes[b-1], ... + sizes[b]) holds g; held-out
+       rows stay round robin.
     4. Each block id is mapped to a partitioning key whose Murmur3 hash lands in the
        partition of the same index (found once on the driver with Spark's own
        `hash`), then `repartition(N, key)` puts block i in partition i exactly.
@@ -244,9 +245,10 @@ def make_blocks(
     validating = validation_col is not None or validation_fraction > 0
     totals = _check_totals(stats, num_workers, validating, validation_col, validation_fraction)
     sizes = {held: _balanced(totals[held], num_workers) for held in (False, True)}
-    if cut is not None:
-        sizes[False] = cut(num_features, label_facts(stats), inputs, totals[False])
-    blocks = _assign_blocks(keyed, stats, num_buckets, num_workers, weight, sizes[False] if cut else None)
+    weighted = cut(num_features, label_facts(stats), inputs, totals[False]) if cut is not None else None
+    if weighted is not None:  # None: the even cut, exactly as without `cut`
+        sizes[False] = weighted
+    blocks = _assign_blocks(keyed, stats, num_buckets, num_workers, weight, weighted)
     return blocks, BlockInfo(num_features=num_features, sizes=sizes[False], labels=label_facts(stats),
                              val_sizes=sizes[True] if validating else None, inputs=inputs)
 

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from blocksync.engine.balance import SPEED_TOLERANCE
 from blocksync.engine.config import TrainConfig
+from blocksync.engine.driver.balancing import placement
 
 if TYPE_CHECKING:
     from blocksync.engine.plan import WorkerPlan
@@ -105,9 +107,12 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
 def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Per rank: its share of the rows, its compute speed in training (rows per compute second) and its
     idle time in sync (seconds in the collective, mostly waiting for slower ranks); with balance=speed also
-    the probe's speeds and hosts. The same keys under `even` and `speed` compare a run before and after."""
+    the probe's speeds, hosts and executors (per block), the cut (`speed`, or `even` when the speeds were
+    within tolerance), the block each rank read and the ranks that trained on another executor than their
+    block was cut for (`misplaced_ranks`, with a warning). The same keys under `even` and `speed` compare runs."""
     ordered = sorted(summaries, key=lambda s: s["rank"])
-    rows = plan.block_rows or [s["rows"] for s in ordered]
+    blocks = [s.get("block", s["rank"]) for s in ordered]
+    rows = [plan.block_rows[b] for b in blocks] if plan.block_rows else [s["rows"] for s in ordered]
     epochs_run = max(summaries[0]["steps"] - summaries[0]["resumed_at"], 0) / plan.steps_per_epoch
     compute = [sum(t[2] for t in s["step_timings"]) for s in ordered]
     out: dict[str, Any] = {
@@ -117,6 +122,20 @@ def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[
         "sync_idle_seconds": [sum(t[3] for t in s["step_timings"]) for s in ordered],
     }
     if plan.balance:
-        out.update(probe_rows_per_s=plan.balance["speeds"], probe_hosts=plan.balance["hosts"],
-                   probe_seconds=plan.balance["probe_seconds"], speeds_from=plan.balance["source"])
+        b = plan.balance
+        executors = [s.get("task_address", "") for s in ordered]
+        misplaced = placement(b, blocks, executors)
+        out.update(probe_rows_per_s=b["speeds"], probe_hosts=b["hosts"], probe_executors=b.get("executors", []),
+                   probe_seconds=b["probe_seconds"], speeds_from=b["source"], cut=b.get("cut", "speed"),
+                   cut_reason=(f"speeds within tolerance ({100 * SPEED_TOLERANCE:.0f}%), cut even"
+                               if b.get("cut") == "even" else "cut by speed"),
+                   block_of_rank=blocks, train_executors=executors, misplaced_ranks=misplaced)
+        if misplaced:
+            why = ("the executors changed since the probe (a relaunch on new executors?)" if plan.shards else
+                   "Spark placed the stages' tasks differently and a partition's rows cannot follow its executor "
+                   "with blocks=shuffle; use blocks=files (train_files), whose ranks read the block cut for "
+                   "their executor")
+            log.warning("balance=speed: rank(s) %s trained on other executors than their blocks were cut for "
+                        "(cut for %s, ran on %s), so the cut does not fit the machines: %s.", misplaced,
+                        [b["executors"][k] for k in blocks], executors, why)
     return out

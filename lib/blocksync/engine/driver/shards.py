@@ -110,13 +110,13 @@ def _label_range(dataset: ds.Dataset, row_groups: list[Any], label: str, spark: 
 
 def plan_shards(
     spark: Any, paths: str | list[str], *, features: str | list[str], label: str, num_workers: int,
-    weight: str | None = None, cut: Callable[[int, tuple | None, Any, int], list[int]] | None = None,
+    weight: str | None = None, cut: Callable[[int, tuple | None, Any, int], list[int] | None] | None = None,
 ) -> tuple[ShardPlan, BlockInfo]:
     """Assign every row of the Parquet files at `paths` to one of `num_workers` balanced, contiguous blocks.
 
     `weight`: a numeric column of per-row weights, read with the rows (each worker checks its own
     are finite and >= 0). `cut` (balance=speed): called with the feature width, label facts, None and
-    the row count, returns the ranks' sizes, which replace the balanced ones in step 1.
+    the row count, returns the ranks' sizes, which replace the balanced ones in step 1 (None: keep them).
 
     1. Driver (`plan_shards`): list the files with pyarrow (any pyarrow filesystem:
        local, HDFS, S3, GCS), read only their footers, and lay all row groups end to
@@ -160,8 +160,8 @@ def plan_shards(
         raise ValueError("feature arrays are empty or null in the first row; every row needs features.")
     labels = _label_range(dataset, [rg for _, rg in groups], label, spark, paths)
     sizes = [total // num_workers + (1 if r < total % num_workers else 0) for r in range(num_workers)]
-    if cut is not None:
-        sizes = cut(num_features, labels, None, total)
+    weighted = cut(num_features, labels, None, total) if cut is not None else None
+    sizes = weighted if weighted is not None else sizes  # None: the even cut
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     pieces: list[list[Piece]] = [[] for _ in range(num_workers)]
     offset = 0

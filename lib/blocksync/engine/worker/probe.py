@@ -19,15 +19,16 @@ from blocksync.engine.worker.trainer import straggle
 
 PROBE_SCHEMA_DDL = "payload string"
 WARMUP_STEPS = 2
-MAX_STEPS = 12
-MAX_SECONDS = 0.4
+WINDOW_SECONDS = 0.25
+"""Each rank times steps for this long (at least one step): long enough that the ranks' windows overlap (they
+start within tens of milliseconds of each other, in one stage) and that a CPU cap's throttling periods
+(cfs_period_us, 100 ms by default) average out over several of them."""
 
 
 def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
                batch_rows: int, rank: int) -> float:
     """Rows per second of forward, backward and optimizer step on `batch_rows` synthetic rows, as rank `rank`
-    (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then up to MAX_STEPS steps or
-    MAX_SECONDS, whichever comes first."""
+    (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then steps for WINDOW_SECONDS."""
     torch.manual_seed(config.seed)
     model = build_model(config.model, num_features, num_outputs, inputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the step's cost, never a change that matters
@@ -38,7 +39,8 @@ def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs:
     slow = config.faults.slow_rank == rank
     factor, extra = (config.faults.slow_factor, config.faults.slow_ms / 1000.0) if slow else (1.0, 0.0)
     steps, timed = 0, 0.0
-    for i in range(WARMUP_STEPS + MAX_STEPS):
+    i = 0
+    while timed < WINDOW_SECONDS:
         t0 = time.perf_counter()
         optimizer.zero_grad()
         out = model(x if inputs is None else inputs.model_input(x, ids))
@@ -47,15 +49,16 @@ def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs:
         straggle(time.perf_counter() - t0, factor, extra)
         if i >= WARMUP_STEPS:
             steps, timed = steps + 1, timed + time.perf_counter() - t0
-            if timed >= MAX_SECONDS:
-                break
+        i += 1
     return batch_rows * steps / max(timed, 1e-9)
 
 
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
                batch_rows: int):
     """The barrier task function: every rank measures at the same time (so they contend for the hosts as
-    they will in training) and returns one row: {"rank", "host", "rows_per_s"}."""
+    they will in training: the stage starts them together, and no `barrier()` is waited for, which would cost
+    Spark's barrier round trip, most of a second) and returns one row: {"rank", "host", "rows_per_s",
+    "executor"} (the task's address, which tells executors on one host apart)."""
 
     def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
@@ -66,9 +69,9 @@ def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs:
         rank = ctx.partitionId()
         threads = config.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
         torch.set_num_threads(threads)
-        ctx.barrier()
         rate = probe_rate(config, num_features, num_outputs, inputs, batch_rows, rank)
-        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate}
+        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate,
+                                "executor": ctx.getTaskInfos()[rank].address}
         yield pa.RecordBatch.from_pylist([{"payload": json.dumps(fact)}])
 
     return probe

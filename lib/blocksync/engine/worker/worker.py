@@ -14,6 +14,7 @@ import os
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from blocksync.engine.worker.block_store import (
     check_block_fits,
     storage_width,
 )
+from blocksync.engine.worker.placement import block_of_rank, task_addresses
 from blocksync.engine.worker.shard_reader import iter_pieces
 from blocksync.engine.worker.startup import StartupClock
 from blocksync.engine.worker.stream_block import StreamBlock
@@ -128,11 +130,14 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             log.warning("rank %d: %s", rank, warning)
         reset_peak_rss()
         t0 = time.perf_counter()
+        blocks = block_of_rank(plan, task_addresses(ctx))  # balance=speed, files: the block cut for my executor
+        if plan.balance:
+            plan = replace(plan, balance={**plan.balance, "block_of_rank": blocks})  # saved with checkpoints
         held_out: list[Piece] = []
-        block, problem = _load_block(plan, batches, rank, device, held_out)
+        block, problem = _load_block(plan, batches, blocks[rank], device, held_out)
         validation = _validation_set(plan, held_out, device)
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
-                 "device_warning": warning, "block_storage": plan.storage}
+                 "device_warning": warning, "block_storage": plan.storage, "block": blocks[rank]}
         clock.mark("loaded")
         try:
             beat.at(0, "startup")
@@ -168,21 +173,21 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         relay.close()
 
 
-def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, device: torch.device,
+def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], index: int, device: torch.device,
                 held_out: list[Piece]) -> tuple[Block, str]:
-    """(block, problem): the rank's block as it arrives, checked piece by piece, into memory or onto
-    disk (`plan.storage`); or an empty block and what is wrong with the data. Validation rows (after
-    the block's rows) are appended to `held_out`, in memory."""
-    expected = plan.block_rows[rank] if plan.block_rows else 0
+    """(block, problem): block `index` (the rank's own, or with blocks=files the one `placement` gave it)
+    as it arrives, checked piece by piece, into memory or onto disk (`plan.storage`); or an empty block and
+    what is wrong with the data. Validation rows (after the block's rows) are appended to `held_out`."""
+    expected = plan.block_rows[index] if plan.block_rows else 0
     try:
-        pieces = _checked(plan, _incoming(plan, batches, rank))
+        pieces = _checked(plan, _incoming(plan, batches, index))
         if plan.val_rows is not None:
             pieces = _split_tail(pieces, expected, held_out)
         if plan.storage == "stream":
             assert plan.shards is not None, "the driver allows stream with blocks=files only"
             for _ in batches:  # the rank's placeholder row (as `_incoming` does)
                 pass
-            return StreamBlock(plan.shards, rank, plan.num_features,
+            return StreamBlock(plan.shards, index, plan.num_features,
                                lambda x, ids, y: _validate_block(plan, x, ids, y)), ""
         if plan.storage == "disk":
             writer = DiskBlockWriter(plan.num_features, expected, target_columns=plan.target_columns,
@@ -206,12 +211,12 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int, 
         return MemoryBlock(x, y, device, ids), str(err)
 
 
-def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], rank: int) -> Iterator[Piece]:
-    """The rank's rows as they arrive: row groups of its files (blocks=files), or its partition's batches."""
+def _incoming(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], index: int) -> Iterator[Piece]:
+    """Block `index`'s rows as they arrive: row groups of its files (blocks=files), or the partition's batches."""
     if plan.shards:
         for _ in batches:  # the rank's placeholder row; Spark reuses a Python worker only after its input ends
             pass
-        for x, y in iter_pieces(plan.shards, rank, plan.num_features):
+        for x, y in iter_pieces(plan.shards, index, plan.num_features):
             yield x, np.zeros((len(x), 0), np.int64), y
         return
     for batch in batches:
