@@ -221,12 +221,13 @@ class SharedCgroupRanks(Collective):
 def test_a_training_state_over_the_cgroup_limit_is_refused_naming_shard_and_sharded_fits():
     coll = SharedCgroupRanks(0, 4)
     num_params = 2**20  # 4 MiB of float32
-    # Adam, replicated: gradients 4 + moments 8 + exchange 8 = 20 MiB a rank; sharded at N = 4: gradients 4,
-    # a quarter of the moments and its master copy 3, exchange 4 = 11 MiB. Four ranks in the cgroup.
+    # Adam, replicated: gradients 4 + moments 8 + transient 8 (the packed buffer and its division) = 20 MiB a
+    # rank; sharded at N = 4 on horovod: gradients 4, the summed 1 MiB slice and a 4 MiB staging buffer, a
+    # quarter of the moments 2, transient 5 (Horovod's copy of a staged round, its 1 MiB output) = 16 MiB.
     free = 70 * 2**20
     replicated = TrainConfig(num_workers=4, optimizer="adam")
     with pytest.raises(TrainingStateTooLarge, match=r"^shard='none': each rank would allocate 20 MiB more for its "
-                       r"1,048,576 parameters \(gradients 4, optimizer state 8, exchange buffers 8 MiB\), and the "
+                       r"1,048,576 parameters \(gradients 4, optimizer state 8, transient buffers 8 MiB\), and the "
                        r"ranks sharing a memory cgroup would exceed its limit by 10 MiB; set train.shard=optimizer"):
         check_state_fits(coll, replicated, num_params, memory=(100 * 2**20, 100 * 2**20 - free))
     check_state_fits(coll, TrainConfig(num_workers=4, optimizer="adam", shard="optimizer"), num_params,
