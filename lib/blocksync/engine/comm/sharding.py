@@ -79,10 +79,10 @@ class ShardedOptimizer:
         self.params = [torch.nn.Parameter(self.flat_param[at + a:at + b]) for a, b in self.pieces]
         self.optimizer = build_optimizer(self.params, cfg)
         # Horovod's reduce-scatter returns a new tensor: its pieces land in this preallocated slice. The
-        # in-place all-reduce fallback (and a single rank, which has nothing to scatter) leaves the summed slice
-        # in the flat gradient itself (views of it).
+        # in-place all-reduce fallback (and a single rank, which has nothing to scatter, and overlap, whose
+        # buckets all-reduce during backward) leaves the summed slice in the flat gradient itself (views of it).
         self.grad_slice = torch.zeros(chunk, dtype=self.flat_param.dtype, device=self.flat_param.device) \
-            if coll.native_reduce_scatter and coll.size > 1 else None
+            if coll.native_reduce_scatter and coll.size > 1 and not cfg.overlaps else None
         self.stage_rows = min(chunk, max(1, STAGE_BYTES // (4 * coll.size)))  # entries of each slice per round
         self.stage = torch.empty(coll.size * self.stage_rows if self.grad_slice is not None else 0,
                                  dtype=self.flat_param.dtype, device=self.flat_param.device)
@@ -117,6 +117,11 @@ class ShardedOptimizer:
         scatter, gather = self.layout.padded * 4, self.layout.chunk * 4
         wire = self.coll.bytes_per_reduce_scatter(scatter) + self.coll.bytes_per_allgather(gather)
         return float(scatter + gather), wire
+
+    def gather_bytes(self) -> tuple[float, float]:
+        """(payload, wire) bytes of one gather of the slices (with overlap, all the sharded path adds)."""
+        gather = self.layout.chunk * 4
+        return float(gather), self.coll.bytes_per_allgather(gather)
 
     def _staged_reduce_scatter(self) -> None:
         """Horovod's reduce-scatter copies its whole input into a temporary buffer (it reduces in place and
@@ -222,23 +227,27 @@ def training_state_bytes(num_params: int, cfg: TrainConfig, num_shards: int, lar
     by part, in bytes (float32), at its peak; `largest`: the largest parameter's entries.
 
     - gradients: replicated, one per parameter; sharded, the flat buffer padded to N slices, and on Horovod at
-      N > 1 the slice its reduce-scatter sums into and the staging buffer of its rounds;
+      N > 1 the slice its reduce-scatter sums into and the staging buffer of its rounds; with overlap, also
+      the buckets' buffers (as much again);
     - optimizer: its state, whole replicated, the slice's sharded;
     - transient: the largest of what lives only in one phase of a step: backward's gradient of the largest
-      parameter before it is added into the buffer; replicated, the exchange's packed flat buffer and its
-      division's result, and Adam's temporaries of the largest parameter; sharded, Horovod's copy of a staged
-      round and its output (torch_gloo all-reduces in place), and Adam's temporaries of one piece.
+      parameter before it is added into the buffer; replicated, the flat exchange's packed buffer and its
+      division's result (not with overlap), and Adam's temporaries of the largest parameter; sharded,
+      Horovod's copy of a staged round and its output (torch_gloo all-reduces in place), and Adam's
+      temporaries of one piece.
 
     The flat parameter buffer of a sharded run replaces the model's parameters; the gather is in place."""
     per_param = {"adam": 2, "adamw": 2}.get(cfg.optimizer, 1 if cfg.momentum else 0)
     backward = 4 * largest
+    buckets = 4 * num_params if cfg.overlaps else 0  # overlap: every bucket's buffer, kept from step to step
     if cfg.shard == "optimizer":
         layout = Layout(num_params, num_shards)
         step = 2 * 4 * min(layout.chunk, STEP_PIECE)
-        native = cfg.backend == "horovod" and num_shards > 1
+        native = cfg.backend == "horovod" and num_shards > 1 and not cfg.overlaps
         stage = 4 * num_shards * min(layout.chunk, max(1, STAGE_BYTES // (4 * num_shards))) if native else 0
-        return {"gradients": 4 * layout.padded + (4 * layout.chunk + stage if native else 0),
+        return {"gradients": 4 * layout.padded + buckets + (4 * layout.chunk + stage if native else 0),
                 "optimizer": 4 * layout.chunk * per_param,
                 "transient": max(stage + stage // num_shards, step, backward)}
-    return {"gradients": 4 * num_params, "optimizer": 4 * num_params * per_param,
-            "transient": max(8 * num_params, 2 * 4 * largest, backward)}
+    flat = 0 if cfg.overlaps else 8 * num_params  # the flat path's packed buffer and its division's result
+    return {"gradients": 4 * num_params + buckets, "optimizer": 4 * num_params * per_param,
+            "transient": max(flat, 2 * 4 * largest, backward)}

@@ -316,7 +316,11 @@ class Trainer:
         # gradients everywhere: it exchanges zeros, not 0/0.
         if self.buckets is not None:  # the buckets were divided and started during backward
             done = self.buckets.finish()
-            self.traffic += torch.tensor([done.payload_bytes, done.wire_bytes], dtype=torch.float64)
+            # Sharded, the mean gradient is now in the flat buffer, and the slice's optimizer reads its views:
+            # the all-reduce-and-keep-a-slice fallback, per bucket; the gather after the step adds its bytes.
+            extra = self.sharded.gather_bytes() if self.sharded is not None else (0.0, 0.0)
+            self.traffic += torch.tensor([done.payload_bytes + extra[0], done.wire_bytes + extra[1]],
+                                         dtype=torch.float64)
             if not done.finite:
                 raise self.diverged("the all-reduced gradient")
             return
