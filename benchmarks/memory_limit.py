@@ -20,24 +20,22 @@ it says why and writes nothing.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from tests.helpers import own_memory_cgroup
 
+from benchmarks.cgroup import REPO, child_cgroup
+from benchmarks.cgroup import run_job as cgroup_job
 from benchmarks.common import write
 from benchmarks.memory import ROW_BYTES, synthetic_files
 
 LIMIT_MB = 512
 GROUP_ROWS = 4096
 FACTOR = 4
-REPO = Path(__file__).resolve().parent.parent
 
 
 CONTENDERS = [("disk", "chunks", "limited"), ("stream", "chunks", "limited"), ("memory", "global", "unlimited")]
@@ -51,25 +49,13 @@ REPETITIONS = int(os.environ.get("BLOCKSYNC_BENCH_REPETITIONS", "1"))
 
 
 def run_job(cgroup: Path, data: str, storage: str, tmp: Path, order: str = "global", limited: bool = True,
-            script: str = "memory_limit_job.py", model: str = "logreg") -> dict:
-    """Run `script` (argv: data, result file, `storage`, `order`, limited or not) with Spark's Python workers
-    in `cgroup`; `limited` reads the cgroup's peak and limit hits after it."""
-    drop_cache(data)  # every run reads the Parquet files from the disk, not from pages another run cached
-    (cgroup / "memory.max_usage_in_bytes").write_text("0")  # reset the peak
-    failcnt_before = int((cgroup / "memory.failcnt").read_text())
-    out = tmp / f"{storage}-{order}.json"
-    env = {**os.environ, "BLOCKSYNC_BENCH_CGROUP": str(cgroup), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), data, str(out), storage,
-                           order, "limited" if limited else "unlimited", model],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"the {storage} job failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
-    report = json.loads(out.read_text())
-    if limited:
-        report["cgroup_peak_mb"] = int((cgroup / "memory.max_usage_in_bytes").read_text()) / 2**20
-        report["cgroup_limit_hits"] = int((cgroup / "memory.failcnt").read_text()) - failcnt_before
-    return report
+            model: str = "logreg") -> dict:
+    """One `memory_limit_job.py` run (argv: data, result file, `storage`, `order`, limited or not, `model`) in
+    `cgroup`, with the Parquet file's pages dropped first: every run reads it from the disk."""
+    drop_cache(data)
+    return cgroup_job(cgroup, "memory_limit_job.py",
+                      [data, storage, order, "limited" if limited else "unlimited", model],
+                      tmp / f"{model}-{storage}-{order}.json", limited)
 
 
 def drop_cache(path: str) -> None:
@@ -101,45 +87,27 @@ def read_ceiling(cgroup: Path, path: str) -> float:
     return float(proc.stdout)
 
 
-def stop_leftovers(cgroup: Path) -> None:
-    """Spark's daemon, started by our job, exits with its JVM; any process still in our cgroup is ours."""
-    for _ in range(50):
-        pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-        if not pids:
-            return
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
 
 def run(spark) -> dict | None:
     parent = own_memory_cgroup()
     if parent is None:
         print("memory_limit: skipped: needs root and a writable cgroup v1 memory controller", flush=True)
         return None
-    cgroup = parent / f"blocksync-bench-{os.getpid()}"
-    cgroup.mkdir()
     runs = []
-    try:
-        (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
-        with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
-            # Row groups of 4 MiB: what a worker decodes at once (loading, or streaming) stays small beside the
-            # 270 MiB that torch and the Python worker take under the 512 MiB limit.
-            data = synthetic_files(Path(tmp), FACTOR * LIMIT_MB, workers=1, group_rows=GROUP_ROWS)
-            ceiling = [read_ceiling(cgroup, data) for _ in range(2)]
-            print(f"memory_limit sequential read of the data under the limit: {ceiling} MiB/s", flush=True)
-            runs.append(run_job(cgroup, data, "memory", Path(tmp)))
-            print(f"memory_limit memory: {runs[-1]}", flush=True)
-            for rep in range(REPETITIONS):
-                for model in MODELS:
-                    for storage, order, limited in CONTENDERS:
-                        runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited",
-                                            model=model))
-                        print(f"memory_limit rep {rep + 1} {model} {storage} {order} {limited}: {runs[-1]}",
-                              flush=True)
-    finally:
-        stop_leftovers(cgroup)
-        cgroup.rmdir()
+    with child_cgroup(parent, "blocksync-bench", LIMIT_MB) as cgroup, \
+            tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
+        # Row groups of 4 MiB: what a worker decodes at once (loading, or streaming) stays small beside the
+        # 270 MiB that torch and the Python worker take under the 512 MiB limit.
+        data = synthetic_files(Path(tmp), FACTOR * LIMIT_MB, workers=1, group_rows=GROUP_ROWS)
+        ceiling = [read_ceiling(cgroup, data) for _ in range(2)]
+        print(f"memory_limit sequential read of the data under the limit: {ceiling} MiB/s", flush=True)
+        runs.append(run_job(cgroup, data, "memory", Path(tmp)))
+        print(f"memory_limit memory: {runs[-1]}", flush=True)
+        for rep in range(REPETITIONS):
+            for model in MODELS:
+                for storage, order, limited in CONTENDERS:
+                    runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited", model=model))
+                    print(f"memory_limit rep {rep + 1} {model} {storage} {order} {limited}: {runs[-1]}", flush=True)
     block_mb = int(FACTOR * LIMIT_MB * 2**20 / ROW_BYTES) * ROW_BYTES / 2**20
     payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "read_ceiling_mib_s": ceiling, "runs": runs,
                "ratios": {m: _ratios([r for r in runs if r.get("model", "logreg") == m]) for m in MODELS}}

@@ -5,7 +5,8 @@ horovod workers on local[4] at N = 1, 2 and 4, one thread each, global batch 64,
 seeded random rows (the blocks cut once per N and cached). Per N, replicated and sharded runs alternate,
 REPETITIONS of each. Each run reports, per rank: the optimizer state's bytes (the tensors Adam keeps),
 the peak anonymous memory (RssAnon, sampled every 20 ms by the worker from the task's start: the block,
-the model, its gradients, the buffers and the optimizer), the bytes the exchange formula counts per step,
+the model, its gradients, the buffers and the optimizer), that peak less the RssAnon once the model was
+built (what training added) beside the README's arithmetic for it, the bytes the exchange formula counts per step,
 and the steady samples/s (rank 0's median step period after WARMUP steps).
 
 Wire bytes are also measured by the OS, for both Gloo backends at N = 2 and 4: a barrier stage builds
@@ -51,11 +52,18 @@ def config(workers: int, shard: str):
 
 def one(spark, blocks, info, workers: int, shard: str) -> dict:
     from blocksync import train_blocks
+    from blocksync.engine.comm.sharding import training_state_bytes
 
-    result = train_blocks(spark, blocks, info, config(workers, shard))
+    cfg = config(workers, shard)
+    result = train_blocks(spark, blocks, info, cfg)
     m = result.metrics
-    return {"workers": workers, "shard": shard, "num_params": result.rank_summaries[0]["num_params"],
+    num_params = result.rank_summaries[0]["num_params"]
+    largest = max(p.numel() for p in result.model.parameters())
+    return {"workers": workers, "shard": shard, "num_params": num_params,
             "optimizer_bytes": max(m["optimizer_bytes_per_rank"]), "peak_anon_mb": max(m["peak_anon_mb"]),
+            # What training added to the built model, measured and by the arithmetic (`training_state_bytes`).
+            "training_anon_mb": max(p - a for p, a in zip(m["peak_anon_mb"], m["anon_at_model_mb"], strict=True)),
+            "training_formula_mb": sum(training_state_bytes(num_params, cfg, workers, largest).values()) / 2**20,
             "peak_rss_mb": max(m["peak_rss_mb"]), "wire_bytes_per_step": m["bytes_sent"] / m["steps"] / workers,
             "samples_per_sec": BATCH / steady_step_seconds(result, WARMUP), "train_loss": m["train_loss"]}
 
@@ -137,7 +145,8 @@ def summarize(runs: list[dict]) -> list[dict]:
     for workers in WORKERS:
         med = {s: {k: median([r[k] for r in runs if r["workers"] == workers and r["shard"] == s])
                    for k in ("optimizer_bytes", "peak_anon_mb", "peak_rss_mb", "wire_bytes_per_step",
-                             "samples_per_sec")} for s in ("none", "optimizer")}
+                             "samples_per_sec", "training_anon_mb", "training_formula_mb")}
+               for s in ("none", "optimizer")}
         rows.append({"workers": workers, "replicated": med["none"], "sharded": med["optimizer"],
                      "optimizer_ratio": med["optimizer"]["optimizer_bytes"] / med["none"]["optimizer_bytes"],
                      "anon_saved_mb": med["none"]["peak_anon_mb"] - med["optimizer"]["peak_anon_mb"],
@@ -161,6 +170,15 @@ def markdown(payload: dict) -> str:
                      f"{r['anon_saved_mb']:,.0f} MiB | "
                      f"{rep['wire_bytes_per_step'] / 2**20:,.1f} MiB | {sh['wire_bytes_per_step'] / 2**20:,.1f} MiB | "
                      f"{rep['samples_per_sec']:,.1f} | {sh['samples_per_sec']:,.1f} | {r['speed_ratio']:.2f} |")
+    lines += ["", "Where the bytes go: each rank's peak RssAnon less its RssAnon once the model (and an empty "
+              "optimizer) was built: the gradients, optimizer state, exchange buffers, backward's and the step's "
+              "temporaries; against the README's arithmetic (`sharding.training_state_bytes`)", "",
+              "| N | replicated: measured | arithmetic | sharded: measured | arithmetic |",
+              "| --- | --- | --- | --- | --- |"]
+    for r in payload["rows"]:
+        rep, sh = r["replicated"], r["sharded"]
+        lines.append(f"| {r['workers']} | {rep['training_anon_mb']:,.0f} MiB | {rep['training_formula_mb']:,.0f} MiB | "
+                     f"{sh['training_anon_mb']:,.0f} MiB | {sh['training_formula_mb']:,.0f} MiB |")
     lines += ["", "Wire bytes per rank per exchange, measured (/proc/self/io wchar) against the formula", "",
               "| backend | N | replicated: measured | formula | sharded: measured | formula | sharded / replicated |",
               "| --- | --- | --- | --- | --- | --- | --- |"]

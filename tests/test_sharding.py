@@ -44,7 +44,9 @@ def blocks_for(spark, data: str, workers: int):
 
 CASES = {
     # name: (backend, data, settings)
-    "adam-unequal-blocks": ("torch_gloo", "unequal", dict(optimizer="adam", lr=0.01, batch_size=16, epochs=3)),
+    # overlap=true: sharded, the buckets are all-reduced during backward and each rank steps its slice of them.
+    "adam-unequal-blocks-overlap": ("torch_gloo", "unequal", dict(optimizer="adam", lr=0.01, batch_size=16, epochs=3,
+                                                                  overlap=True, bucket_mb=0.0005)),
     "adamw-row-weights": ("horovod", "weights", dict(optimizer="adamw", lr=0.02, weight_decay=0.05, batch_size=24,
                                                       epochs=3)),
     "sgd-momentum-typed-inputs": ("torch_gloo", "typed", dict(optimizer="sgd", lr=0.05, momentum=0.9, batch_size=24,
@@ -82,10 +84,11 @@ def test_sharded_optimizer_equals_the_replicated_run(spark, case):
         reference = reference_train(collect_blocks(blocks, workers), cfg, num_outputs=3)
         assert max_param_diff(sharded.model, reference) <= 1e-5
         # torch_gloo has no reduce-scatter of its own: the fallback all-reduces (2(N-1)/N S) and keeps a slice,
-        # then the all-gather sends (N-1)/N S more.
-        padded = chunk * workers * 4
+        # then the gather sends (N-1)/N S more. With overlap the buckets hold the parameters, unpadded.
+        scattered = num_params * 4 if cfg.overlaps else chunk * workers * 4
+        assert sharded.metrics["overlap"] == cfg.overlaps
         assert sharded.metrics["bytes_sent"] / sharded.metrics["steps"] / workers == pytest.approx(
-            2 * 3 / 4 * padded + 3 * chunk * 4)
+            2 * 3 / 4 * scattered + 3 * chunk * 4)
 
 
 def test_sharded_early_stopping_on_horovod_keeps_the_same_best_epoch(spark):
@@ -221,12 +224,13 @@ class SharedCgroupRanks(Collective):
 def test_a_training_state_over_the_cgroup_limit_is_refused_naming_shard_and_sharded_fits():
     coll = SharedCgroupRanks(0, 4)
     num_params = 2**20  # 4 MiB of float32
-    # Adam, replicated: gradients 4 + moments 8 + exchange 8 = 20 MiB a rank; sharded at N = 4: gradients 4,
-    # a quarter of the moments and its master copy 3, exchange 4 = 11 MiB. Four ranks in the cgroup.
+    # Adam, replicated: gradients 4 + moments 8 + transient 8 (the packed buffer and its division) = 20 MiB a
+    # rank; sharded at N = 4 on horovod: gradients 4, the summed 1 MiB slice and a 4 MiB staging buffer, a
+    # quarter of the moments 2, transient 5 (Horovod's copy of a staged round, its 1 MiB output) = 16 MiB.
     free = 70 * 2**20
-    replicated = TrainConfig(num_workers=4, optimizer="adam")
+    replicated = TrainConfig(num_workers=4, optimizer="adam", overlap=False)  # the flat exchange's buffers
     with pytest.raises(TrainingStateTooLarge, match=r"^shard='none': each rank would allocate 20 MiB more for its "
-                       r"1,048,576 parameters \(gradients 4, optimizer state 8, exchange buffers 8 MiB\), and the "
+                       r"1,048,576 parameters \(gradients 4, optimizer state 8, transient buffers 8 MiB\), and the "
                        r"ranks sharing a memory cgroup would exceed its limit by 10 MiB; set train.shard=optimizer"):
         check_state_fits(coll, replicated, num_params, memory=(100 * 2**20, 100 * 2**20 - free))
     check_state_fits(coll, TrainConfig(num_workers=4, optimizer="adam", shard="optimizer"), num_params,

@@ -297,9 +297,11 @@ class TrainConfig:
     """Gradient sync in buckets whose all-reduces start during backward, as each bucket's gradients are
     ready (`engine.comm.buckets`); the buckets are cut from the parameters' order and sizes, so results
     stay bitwise reproducible. It runs with sync=gradients, backend horovod or torch_gloo, compression
-    none or fp16, shard=none. None (default): on wherever it can run (it measured faster on the CPU on both
-    backends, benchmarks/results/bigmodel.md), off elsewhere; true: on, refusing a setting it cannot
-    run with; false: off. metrics.json `overlap` says whether it ran (`overlaps`)."""
+    none or fp16. None (default): on wherever it can run (it measured faster on the CPU on both
+    backends, benchmarks/results/bigmodel.md) except with shard=optimizer, off elsewhere; true: on, refusing
+    a setting it cannot run with (with shard=optimizer the buckets are all-reduced whole and each rank keeps
+    its slice, the fallback's bytes, and their buffers hold a copy of the gradients); false: off.
+    metrics.json `overlap` says whether it ran (`overlaps`)."""
     bucket_mb: float = 4.0
     """With overlap: the size (MiB of float32 gradients) at which a bucket closes."""
     topk_ratio: float = 0.01
@@ -378,9 +380,6 @@ class TrainConfig:
         if self.backend == "spark":
             raise ValueError("overlap=true needs an asynchronous all-reduce, and backend='spark' blocks in "
                              "BarrierTaskContext.allGather: set overlap=false or backend=horovod or torch_gloo.")
-        if self.shard != "none":
-            raise ValueError(f"overlap=true all-reduces gradient buckets during backward, and shard={self.shard!r} "
-                             "reduce-scatters the whole flat gradient after it: set overlap=false or shard=none.")
         if self.compression not in ("none", "fp16"):
             raise ValueError(f"overlap=true reduces each bucket on its own, and compression={self.compression!r} "
                              "compresses the whole gradient at once (its selection and error feedback span every "

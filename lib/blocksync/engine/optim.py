@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -10,8 +11,8 @@ from torch import nn
 from blocksync.engine.config import TrainConfig
 
 
-def build_optimizer(model: nn.Module | list[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """`cfg`'s optimizer over the model's parameters, or over given tensors (a sharded run's one flat slice:
+def build_optimizer(model: nn.Module | Sequence[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """`cfg`'s optimizer over the model's parameters, or over given tensors (a sharded run's pieces of its flat slice:
     Adam, AdamW and SGD with momentum are elementwise, so a slice steps exactly as those entries of the whole)."""
     params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     if cfg.optimizer == "sgd":

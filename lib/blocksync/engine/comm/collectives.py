@@ -187,6 +187,14 @@ class Collective(ABC):
         n = flat.numel() // self.size
         return self.allreduce_sum(flat)[self.shard_index * n:(self.shard_index + 1) * n].clone()
 
+    def allgather_in_place(self, flat: torch.Tensor) -> torch.Tensor:
+        """`flat` holds N equal slices in shard order, slice `shard_index` this rank's own; afterwards every
+        slice holds its owner's. This default gathers into a new tensor and copies (a transient copy of
+        `flat`); the Gloo backends override it with one in-place broadcast per slice."""
+        n = flat.numel() // self.size
+        flat.copy_(self.allgather(flat[self.shard_index * n:(self.shard_index + 1) * n]))
+        return flat
+
     def bytes_per_reduce_scatter(self, num_bytes: int) -> float:
         """Bytes this rank sends for one `reduce_scatter_sum` of `num_bytes`."""
         if self.native_reduce_scatter:
@@ -342,6 +350,16 @@ class TorchGlooCollective(Collective):
         self._dist.broadcast(flat, src=root)
         return flat
 
+    def allgather_in_place(self, flat: torch.Tensor) -> torch.Tensor:
+        # torch's Gloo all_gather_into_tensor gathers into a flat buffer of its own and copies out (a whole
+        # transient copy); a broadcast writes into the tensor it is given. Gloo's binomial tree sends (N-1) x
+        # slice per broadcast in all, and with the roots rotating each rank sends that much over the N.
+        n = flat.numel() // self.size
+        works = [self._dist.broadcast(flat[i * n:(i + 1) * n], src=i, async_op=True) for i in range(self.size)]
+        for work in works:
+            work.wait()
+        return flat
+
     def close(self) -> None:
         if self._group_started and self._dist.is_initialized():
             self._dist.destroy_process_group()
@@ -477,6 +495,17 @@ class HorovodCollective(Collective):
 
     def broadcast(self, flat: torch.Tensor, root: int = 0) -> torch.Tensor:
         return self._wait(self._hvd.broadcast_async_(flat, root_rank=self._hvd_rank[root], name="blocksync.bcast"))
+
+    def allgather_in_place(self, flat: torch.Tensor) -> torch.Tensor:
+        # hvd.allgather allocates its output (a whole transient copy); an in-place broadcast of each slice
+        # from its owner (Horovod rank i owns slice i) writes into `flat` itself, and Horovod does not fuse
+        # broadcasts. Gloo's binomial tree: (N-1) x slice sent per rank over the N broadcasts, as a ring's.
+        n = flat.numel() // self.size
+        handles = [self._hvd.broadcast_async_(flat[i * n:(i + 1) * n], root_rank=i, name=f"blocksync.gather.{i}.{n}")
+                   for i in range(self.size)]
+        for handle in handles:
+            self._wait(handle)
+        return flat
 
     def _wait(self, handle: int) -> torch.Tensor:
         """Horovod's result, waiting by short sleeps.

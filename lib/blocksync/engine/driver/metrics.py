@@ -91,6 +91,8 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "epoch_order": "chunks" if plan.chunks is not None else "global",  # what ran, also with epoch_order=auto
         "peak_rss_mb": [s.get("peak_rss_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         "peak_anon_mb": [s.get("peak_anon_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
+        # RssAnon once the model and an empty optimizer were built, before gradients, optimizer state and buffers.
+        "anon_at_model_mb": [s.get("anon_at_model_mb") for s in sorted(summaries, key=lambda s: s["rank"])],
         # The optimizer's state tensors on each rank (Adam: 2 x 4 bytes a parameter; 1/N of that sharded).
         "optimizer_bytes_per_rank": [s.get("optimizer_bytes") for s in sorted(summaries, key=lambda s: s["rank"])],
         # epoch_order=chunks from disk or stream: each rank's window reading, overlapped with its steps

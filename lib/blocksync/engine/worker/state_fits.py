@@ -36,12 +36,13 @@ def _cgroup_identity(proc_cgroup: str = "/proc/self/cgroup") -> str:
 
 
 def check_state_fits(coll: Collective, cfg: TrainConfig, num_params: int,
-                     memory: tuple[int, int] | None = None) -> None:
+                     memory: tuple[int, int] | None = None, largest: int = 0) -> None:
     """Collective: raise `TrainingStateTooLarge` on every rank when the ranks sharing a memory cgroup would
-    need more than it has left. `memory`: (limit, in use) for tests; by default this process's cgroup."""
+    need more than it has left. `memory`: (limit, in use) for tests; by default this process's cgroup.
+    `largest`: the entries of the model's largest parameter (its gradient and Adam's temporaries)."""
     memory = memory if memory is not None else cgroup_memory()
     sharing = coll.gather_digests(_cgroup_identity())
-    parts = training_state_bytes(num_params, cfg, coll.size)
+    parts = training_state_bytes(num_params, cfg, coll.size, largest)
     need = sum(parts.values()) * sharing.count(sharing[coll.rank])
     # One rank per cgroup (the first that shares it) reports its shortfall: the sum is the total excess.
     reports = memory is not None and sharing.index(sharing[coll.rank]) == coll.rank
@@ -55,7 +56,7 @@ def check_state_fits(coll: Collective, cfg: TrainConfig, num_params: int,
            "raise num_workers (a smaller slice each) or the executors' memory")
     raise TrainingStateTooLarge(
         f"shard={cfg.shard!r}: each rank would allocate {sum(parts.values()) / 2**20:,.0f} MiB more for its "
-        f"{num_params:,} parameters (gradients {mib['gradients']}, optimizer state {mib['optimizer']}, exchange "
-        f"buffers {mib['exchange']} MiB), and the ranks sharing a memory cgroup would exceed its limit by "
+        f"{num_params:,} parameters (gradients {mib['gradients']}, optimizer state {mib['optimizer']}, transient "
+        f"buffers {mib['transient']} MiB), and the ranks sharing a memory cgroup would exceed its limit by "
         f"{excess / 2**20:,.0f} MiB; {fix}."
     )

@@ -21,12 +21,13 @@ from blocksync.engine import checkpoint
 from blocksync.engine.comm.buckets import GradientBuckets
 from blocksync.engine.comm.collectives import Collective, to_collective
 from blocksync.engine.comm.compression import make_compressor
-from blocksync.engine.comm.sharding import ShardedOptimizer
+from blocksync.engine.comm.sharding import ShardedOptimizer, all_finite
 from blocksync.engine.inputs import LEAST_TOTAL_WEIGHT, total_weight_problem
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
 from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
+from blocksync.engine.worker.anon_memory import rss_anon_mb
 from blocksync.engine.worker.block_data import batch_slices, split_targets
 from blocksync.engine.worker.epoch_order import epoch_order
 from blocksync.engine.worker.shard_resume import load_shard, resharded_rank_state
@@ -71,7 +72,14 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
 
 
 def set_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
-    torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).device), model.parameters())
+    """Copy `flat` into the parameters in place (vector_to_parameters would rebind them to views of `flat`,
+    and a sharded run's parameters must stay views of its flat buffer)."""
+    flat = flat.to(next(model.parameters()).device)
+    at = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[at:at + p.numel()].view_as(p))
+            at += p.numel()
 
 
 class Trainer:
@@ -115,16 +123,19 @@ class Trainer:
         self.model = build_model(cfg.model, plan.num_features, plan.num_outputs, plan.inputs).to(device)
         set_params(self.model, coll.broadcast(to_collective(coll, flat_params(self.model).contiguous()), root=0))
         self.model.train()
-        if cfg.backend != "spark":  # (its collectives cost a second each; it trains tiny models only)
-            # Every model is built: a limit that cannot hold the gradients and optimizer state is named now.
-            check_state_fits(coll, cfg, sum(p.numel() for p in self.model.parameters()))
         self.custom_loss = import_loss(cfg.loss) if cfg.loss else None  # probed on the driver (losses.check_loss)
         # shard=optimizer: this rank's optimizer steps only its 1/N slice of the flat parameters (`sharding`).
+        # An optimizer holds no state before its first step (building the first one imports ~70 MiB of torch).
         self.sharded = ShardedOptimizer(self.model, cfg, coll) if cfg.shard == "optimizer" else None
         self.optimizer = self.sharded.optimizer if self.sharded else build_optimizer(self.model, cfg)
         self.schedule = build_schedule(self.optimizer, plan.total_steps, cfg)
         params = list(self.model.parameters())
         self.num_params = sum(p.numel() for p in params)
+        # RssAnon with the model and an empty optimizer built: what `training_state_bytes` adds to.
+        self.anon_at_model_mb = rss_anon_mb()
+        if cfg.backend != "spark":  # (its collectives cost a second each; it trains tiny models only)
+            # Every model is built: a limit that cannot hold the gradients and optimizer state is named now.
+            check_state_fits(coll, cfg, self.num_params, largest=max(p.numel() for p in params))
         # Gradients exist from the start, so an empty local batch still all-reduces zeros;
         # zero_grad(set_to_none=False) and backward() keep writing into these same tensors.
         # Sharded, they are views of one flat padded buffer, which the reduce-scatter then sends as it is.
@@ -163,9 +174,8 @@ class Trainer:
         resharded = zero is not None and zero["num_shards"] != self.coll.size
         snap.rank_state = resharded_rank_state(path, zero, self.rank) if zero is not None and resharded else (
             checkpoint.read_part(path, f"rank-{self.rank:05d}"))
-        self.model.load_state_dict(snap.model)
+        self.model.load_state_dict(snap.model)  # in place: a sharded run's slice is a view of these weights
         if self.sharded is not None and snap.zero is not None:
-            self.sharded.take_params(self.model)  # the master slice must start from the checkpoint's weights
             load_shard(self.sharded, path, snap)
         else:
             self.optimizer.load_state_dict(snap.optimizer)
@@ -261,14 +271,13 @@ class Trainer:
             self.beat.progress(epoch=epoch + 1, step=self.step_count, loss=loss, samples_per_sec=self.rate())
 
     def sharded_step(self) -> float:
-        """shard=optimizer: step this rank's slice, all-gather the slices into the model. Every rank checks
-        the same gathered parameters, so a NaN gradient in any slice stops every rank at this step.
-        Returns the all-gather's seconds."""
+        """shard=optimizer: step this rank's slice, gather the slices into the model's flat buffer in place.
+        Every rank checks the same gathered parameters, so a NaN gradient in any slice stops every rank at
+        this step. Returns the gather's seconds."""
         assert self.sharded is not None
-        flat, seconds = self.sharded.step()
-        if not bool(torch.isfinite(flat).all()):
+        seconds = self.sharded.step()
+        if not all_finite(self.sharded.flat_param):
             raise self.diverged("the reduce-scattered gradient (or the parameters stepped with it)")
-        set_params(self.model, flat)
         return seconds
 
     def forward(self, xb: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -307,7 +316,11 @@ class Trainer:
         # gradients everywhere: it exchanges zeros, not 0/0.
         if self.buckets is not None:  # the buckets were divided and started during backward
             done = self.buckets.finish()
-            self.traffic += torch.tensor([done.payload_bytes, done.wire_bytes], dtype=torch.float64)
+            # Sharded, the mean gradient is now in the flat buffer, and the slice's optimizer reads its views:
+            # the all-reduce-and-keep-a-slice fallback, per bucket; the gather after the step adds its bytes.
+            extra = self.sharded.gather_bytes() if self.sharded is not None else (0.0, 0.0)
+            self.traffic += torch.tensor([done.payload_bytes + extra[0], done.wire_bytes + extra[1]],
+                                         dtype=torch.float64)
             if not done.finite:
                 raise self.diverged("the all-reduced gradient")
             return

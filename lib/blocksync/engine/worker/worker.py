@@ -333,6 +333,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "payload_bytes": float(trainer.traffic[0]),
         "num_params": trainer.num_params,
         "optimizer_bytes": optimizer_bytes(trainer.optimizer),
+        "anon_at_model_mb": trainer.anon_at_model_mb,
         "step_timings": trainer.timings[trainer.first_step:trainer.step_count].round(7).tolist(),
         "history": trainer.history if rank == 0 else [],
         "digest": params_digest(trainer.model),
