@@ -22,16 +22,14 @@ Needs root and a cgroup v1 cpu controller; elsewhere it says why and writes noth
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.cgroup import empty_and_remove
 from benchmarks.common import median, write
 
 ROWS = 65_536
@@ -97,20 +95,7 @@ def _on_cluster(tmp: Path, data: str, workers: int, parent: Path) -> list[dict]:
             cluster.stop()
     finally:
         for g in groups:
-            _empty_and_remove(g)
-
-
-def _empty_and_remove(group: Path) -> None:
-    """Every process left in our cgroup is one of ours (the cluster's children): kill it, then remove the group."""
-    for _ in range(100):
-        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    group.rmdir()
+            empty_and_remove(g)
 
 
 def summarize(workers: int, runs: list[dict]) -> list[dict]:

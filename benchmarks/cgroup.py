@@ -7,6 +7,7 @@ cgroup (`cgroup_daemon.py`) and reads the cgroup's peak usage and limit hits aft
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,8 +31,7 @@ def child_cgroup(parent: Path, prefix: str, limit_mb: int | None = None) -> Iter
         set_limit(cgroup, limit_mb)
         yield cgroup
     finally:
-        _stop_leftovers(cgroup)
-        cgroup.rmdir()
+        empty_and_remove(cgroup)
 
 
 def set_limit(cgroup: Path, limit_mb: int | None) -> None:
@@ -56,11 +56,15 @@ def run_job(cgroup: Path, script: str, args: list[str], out: Path, limited: bool
     return report
 
 
-def _stop_leftovers(cgroup: Path) -> None:
-    for _ in range(50):
+def empty_and_remove(cgroup: Path) -> None:
+    """Kill every process left in `cgroup` (one of ours: what our job started), then remove the group.
+    For any cgroup v1 controller (the balance benchmark's cpu groups too)."""
+    for _ in range(100):
         pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
         if not pids:
-            return
+            break
         for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
+    cgroup.rmdir()
