@@ -24,8 +24,7 @@ from pyspark import daemon
 import blocksync.engine.worker.worker  # noqa: F401  (the training closure's own imports)
 
 # The imports' objects are never collected: frozen, a worker's garbage collections leave their pages
-# shared with the daemon instead of copying them (a cgroup counts the copies: under a 512 MiB limit the
-# daemon and a worker held 502 MiB of anonymous memory without this, 459 MiB with it).
+# shared with the daemon instead of copying them (a memory cgroup counts every copied page).
 gc.freeze()
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ PROBE_SCHEMA_DDL = "payload string"
 WARMUP_STEPS = 2
 WINDOW_SECONDS = 0.25
 """Each rank times steps for this long (at least one step): long enough that the ranks' windows overlap (they
-start within tens of milliseconds of each other, in one stage) and that a CPU cap's throttling periods
+start together, in one stage) and that a CPU cap's throttling periods
 (cfs_period_us, 100 ms by default) average out over several of them."""
 
 
