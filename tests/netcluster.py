@@ -170,15 +170,19 @@ class NetCluster:
                 self._spawn(host, f"worker{host}", "org.apache.spark.deploy.worker.Worker", "--host",
                             self.address(host), "--cores", str(self.cores), "--memory", self.memory,
                             "--webui-port", "8081", self.master_url)
-            deadline = time.monotonic() + timeout
-            while self.alive_workers() < self.num_hosts:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the namespace cluster did not come up; logs in {self.workdir}")
-                time.sleep(1.0)
+            self.wait_for_workers(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_for_workers(self, timeout: float) -> None:
+        """Until the master counts every host's worker alive (at start, or once a pulled cable is back)."""
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < self.num_hosts:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the namespace cluster's workers are not all alive; logs in {self.workdir}")
+            time.sleep(1.0)
 
     def start_s3(self, host: int = 0, port: int = 5000, timeout: float = 60.0) -> dict[str, str]:
         """An S3-compatible object store (moto's server) on `host`; the environment that reaches it."""

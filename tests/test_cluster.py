@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,22 +23,29 @@ TWO_EXECUTORS = {
 }
 
 
-def run_job(tmp_path: Path, job: str) -> tuple[StandaloneCluster, dict]:
-    """Submit tests/jobs/`job` to a fresh master + 2 workers (2 cores each); its JSON report."""
-    cluster = StandaloneCluster(tmp_path, num_workers=2, cores=2).start()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
+    """A master + 2 workers (2 cores each), shared by this module's tests: each submits its own application.
+    A killed executor is replaced by its worker, so the lost-executor test leaves the cluster whole."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone"), num_workers=2, cores=2).start()
     try:
-        out = tmp_path / "result.json"
-        proc = cluster.submit(str(REPO / "tests" / "jobs" / job), str(out), conf=TWO_EXECUTORS, timeout=480)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return cluster, json.loads(out.read_text())
+        yield cluster
     finally:
         cluster.stop()
 
 
+def run_job(cluster: StandaloneCluster, tmp_path: Path, job: str) -> dict:
+    """Submit tests/jobs/`job` to the cluster; its JSON report."""
+    out = tmp_path / "result.json"
+    proc = cluster.submit(str(REPO / "tests" / "jobs" / job), str(out), conf=TWO_EXECUTORS, timeout=480)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_four_workers_over_two_executors(tmp_path):
-    cluster, report = run_job(tmp_path, "digits_cluster_job.py")
+def test_four_workers_over_two_executors(cluster, tmp_path):
+    report = run_job(cluster, tmp_path, "digits_cluster_job.py")
     assert report["master"] == cluster.url
     assert len(report["task_addresses"]) == 4
     executors = set(report["task_addresses"])
@@ -47,8 +55,8 @@ def test_four_workers_over_two_executors(tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_a_lost_executor_is_replaced_and_training_resumes_identical(tmp_path):
-    _, report = run_job(tmp_path, "lost_executor_job.py")
+def test_a_lost_executor_is_replaced_and_training_resumes_identical(cluster, tmp_path):
+    report = run_job(cluster, tmp_path, "lost_executor_job.py")
     assert report["resumed_at"] == [10] * 4, report  # every rank restarted from the step-10 checkpoint
     assert report["max_param_diff"] == 0.0, report
     assert report["faulty_history"] == report["clean_history"]

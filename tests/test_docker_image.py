@@ -8,7 +8,8 @@ Podman runs with `tests/containers/sandbox.conf` (why each line: the file) unles
 is set. With podman the build mounts the host's pip find-links folders (a local torch CPU wheel),
 pip cache and Horovod wheel cache, so a rebuild on the same machine compiles nothing; the first
 build compiles Horovod inside the image. The dependency stages are kept, tagged `localhost/blocksync-cache:*`
-(about 3 GB), so a later run after a source change reuses them (`podman rmi` them to reclaim the space).
+(about 7 GB: the builder's venv and the runtime's copy of it), so a later run after a source change
+reuses them and only copies the sources (`podman rmi` them to reclaim the space).
 
 Skipped, naming what is missing, where no engine, base image or container start is possible.
 """
@@ -25,7 +26,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "localhost/blocksync:pytest"
-CACHE_TAGS = ("localhost/blocksync-cache:builder", "localhost/blocksync-cache:runtime-base")
+CACHE_TAGS = ("localhost/blocksync-cache:builder", "localhost/blocksync-cache:runtime-base",
+              "localhost/blocksync-cache:runtime-deps")
 DEFAULT_CPU_IMAGE = "python:3.11-slim-bookworm"
 DEBIAN_BASE = "localhost/blocksync-base:bookworm"
 SANDBOX_CONF = REPO / "tests" / "containers" / "sandbox.conf"
@@ -120,9 +122,10 @@ def test_image_builds_and_runs_the_demo(tmp_path):
     ctx = _clean_context(tmp_path)
     mounts = _podman_build_mounts() if Path(engine).name == "podman" else []
     try:
-        # The two dependency stages first, each tagged, so the prune below keeps them as the build cache
-        # (a rebuild after a source change then installs nothing); then the image itself.
-        for target, tag in (("builder", CACHE_TAGS[0]), ("runtime-base", CACHE_TAGS[1]), (None, TAG)):
+        # The three dependency stages first, each tagged, so the prune below keeps them as the build cache
+        # (a rebuild after a source change then installs and copies nothing but the sources); then the image.
+        for target, tag in (("builder", CACHE_TAGS[0]), ("runtime-base", CACHE_TAGS[1]),
+                            ("runtime-deps", CACHE_TAGS[2]), (None, TAG)):
             chosen = ["--target", target] if target else []
             build = _run([engine, "build", *mounts, *chosen, "--build-arg", f"CPU_IMAGE={base}", "-t", tag,
                           str(ctx)], timeout=5000)

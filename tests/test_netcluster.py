@@ -3,11 +3,13 @@ worker on each, ranks on distinct addresses. Skipped where namespaces cannot be 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import torch
 from blocksync import ModelSpec, TrainConfig, train
 from tests.conftest import synthetic_classification
 from tests.netcluster import NetCluster, unavailable_reason
+from tests.standalone import stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 REASON = unavailable_reason()
@@ -50,14 +53,32 @@ def local_runs(spark, data) -> dict[str, list[torch.Tensor]]:
                       .model.parameters()] for backend in ("horovod", "torch_gloo")}
 
 
-@pytest.mark.parametrize("hostnames", ["own", "loopback"])
-def test_three_hosts_train_like_local_mode(tmp_path, data, local_runs, hostnames):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[NetCluster]:
+    """Three hosts whose names resolve to their own addresses, shared by this module's tests: each submits
+    its own application, so only the namespaces and the standalone daemons are shared. The pulled-cable
+    test restores the link it takes down."""
+    with NetCluster(tmp_path_factory.mktemp("netcluster"), hosts=3).start() as net:
+        yield net
+
+
+@contextlib.contextmanager
+def hosts_named(request, tmp_path: Path, hostnames: str) -> Iterator[NetCluster]:
+    if hostnames == "own":
+        yield request.getfixturevalue("cluster")
+        return
+    with NetCluster(tmp_path, hosts=3, hostnames=hostnames).start() as net:
+        yield net
+
+
+@pytest.mark.parametrize("hostnames", ["loopback", "own"])
+def test_three_hosts_train_like_local_mode(request, tmp_path, data, local_runs, hostnames):
     """`loopback`: each host's name resolves to 127.0.1.1 (Debian's default), where an unpatched
     Horovod 0.28.1 pairs its process-set context over loopback and cannot connect."""
     out = tmp_path / "report.json"
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
                 "backends": ["horovod", "torch_gloo"], "abort_check": hostnames == "own"}
-    with NetCluster(tmp_path, hosts=3, hostnames=hostnames).start() as net:
+    with hosts_named(request, tmp_path, hostnames) as net:
         proc = net.submit(str(REPO / "tests" / "jobs" / "netcluster_job.py"), str(out), data, json.dumps(settings),
                           conf=ONE_PER_HOST, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -89,17 +110,17 @@ def wait_for_file(path: Path, proc, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path, data):
+def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path, data, cluster):
     step_seconds = 6
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
                 "epochs": 8, "backend": "torch_gloo", "timeouts": {"step_seconds": step_seconds},
                 # About 60 ms a step (not 1 ms): the cut lands mid-run, after the step-5 checkpoint the test
                 # waits for (seen in CI: a run 3 of 1 ms steps ended between two polls of the file).
                 "faults": {"slow_rank": 0, "slow_ms": 60}}
-    out, log = tmp_path / "report.json", tmp_path / "job.log"
-    with NetCluster(tmp_path, hosts=3).start() as net:
-        proc = net.submit_background(str(REPO / "tests" / "jobs" / "netfault_job.py"), str(out), data,
-                                     json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+    out, log, net = tmp_path / "report.json", tmp_path / "job.log", cluster
+    proc = net.submit_background(str(REPO / "tests" / "jobs" / "netfault_job.py"), str(out), data,
+                                 json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+    try:
         # Run 2: cut host 2 after the step-5 checkpoint; restarts exhausted, it must fail naming that host.
         wait_for_file(tmp_path / "ckpt-exhaust" / "step-000000005" / "manifest.json", proc, 300)
         net.set_link(2, up=False)
@@ -111,7 +132,11 @@ def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path,
         time.sleep(step_seconds + 8)
         net.set_link(2, up=True)
         proc.wait(timeout=400)
-        assert proc.returncode == 0, log.read_text()[-4000:]
+    finally:  # the shared cluster goes on: its link back, this job ended
+        net.set_link(2, up=True)
+        stop_processes([proc])
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    net.wait_for_workers(60)
     report = json.loads(out.read_text())
     assert re.match(rf"training failed: stalled: rank \d on {re.escape(net.address(2))} at step \d+ \(\w+\), "
                     r"silent for [\d.]+ s: its heartbeats stopped", report["exhausted"] or ""), report["exhausted"]
@@ -120,16 +145,15 @@ def test_a_pulled_cable_is_named_then_relaunched_once_the_link_is_back(tmp_path,
     assert report["faulty_history"] == report["clean_history"]
 
 
-def test_checkpoints_on_an_s3_server_on_another_host_survive_a_lost_worker(tmp_path, data):
+def test_checkpoints_on_an_s3_server_on_another_host_survive_a_lost_worker(tmp_path, data, cluster):
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]},
                 "epochs": 3, "backend": "horovod"}
     out = tmp_path / "report.json"
-    with NetCluster(tmp_path, hosts=3).start() as net:
-        s3_env = net.start_s3(host=0)
-        conf = {**ONE_PER_HOST, **{f"spark.executorEnv.{k}": v for k, v in s3_env.items()}}
-        proc = net.submit(str(REPO / "tests" / "jobs" / "s3_job.py"), str(out), data, json.dumps(settings),
+    s3_env = cluster.start_s3(host=0)
+    conf = {**ONE_PER_HOST, **{f"spark.executorEnv.{k}": v for k, v in s3_env.items()}}
+    proc = cluster.submit(str(REPO / "tests" / "jobs" / "s3_job.py"), str(out), data, json.dumps(settings),
                           conf=conf, env=s3_env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["resumed_at"] == [10, 10, 10], report  # from the step-10 checkpoint, read back from S3
     assert report["max_param_diff"] == 0.0 and report["same_history"]
@@ -148,22 +172,25 @@ def python_listeners(net: NetCluster, host: int) -> list[str]:
     return [line.split()[3] for line in proc.stdout.splitlines() if "python" in line]
 
 
-def test_after_start_up_workers_listen_only_on_their_task_address(tmp_path, data):
+def test_after_start_up_workers_listen_only_on_their_task_address(tmp_path, data, cluster):
     """torch's TCPStore listens on every interface while the group forms (torch offers no bind address);
     blocksync closes it once every rank has joined. After that, from step 5 on, every socket a Python
     process listens on is bound to its host's own address (Gloo pairs) or to 127.0.0.1 (PySpark's daemon)."""
     settings = {**{k: v for k, v in SETTINGS.items() if k != "model"}, "model": {"name": "mlp", "hidden": [16]}}
     out, log = tmp_path / "report.json", tmp_path / "job.log"
     seen: dict[str, dict[int, list[str]]] = {}
-    with NetCluster(tmp_path, hosts=3).start() as net:
-        proc = net.submit_background(str(REPO / "tests" / "jobs" / "exposure_job.py"), str(out), data,
-                                     json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+    net = cluster
+    proc = net.submit_background(str(REPO / "tests" / "jobs" / "exposure_job.py"), str(out), data,
+                                 json.dumps(settings), str(tmp_path), conf=ONE_PER_HOST, log=log)
+    try:
         for backend in ("torch_gloo", "horovod"):
             wait_for_file(tmp_path / f"ckpt-{backend}" / "step-000000005" / "manifest.json", proc, 300)
             seen[backend] = {h: python_listeners(net, h) for h in range(4)}
         proc.wait(timeout=300)
-        assert proc.returncode == 0, log.read_text()[-4000:]
-        addresses = {h: net.address(h) for h in range(4)}
+    finally:
+        stop_processes([proc])
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    addresses = {h: net.address(h) for h in range(4)}
     report = json.loads(out.read_text())
     for backend, hosts in seen.items():
         assert sorted(a.split(":")[0] for a in report[backend]) == sorted(addresses[h] for h in (1, 2, 3))
