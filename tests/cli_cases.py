@@ -1,4 +1,4 @@
-"""Run several `blocksync` CLI invocations in one process (one JVM), reporting exit code and stderr of each.
+"""Run several `blocksync` CLI invocations in one process (one JVM), reporting exit code, stderr and seconds of each.
 
 Used by test_hostile_input.py: `python -m tests.cli_cases cases.json results.json`.
 """
@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import sys
+import time
 
 from blocksync.pipeline.cli import main
 
@@ -17,9 +18,10 @@ def run_all(cases: list[list[str]]) -> list[dict]:
     results = []
     for argv in cases:
         err = io.StringIO()
+        started = time.perf_counter()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = main(argv)
-        results.append({"code": code, "stderr": err.getvalue()})
+        results.append({"code": code, "stderr": err.getvalue(), "seconds": time.perf_counter() - started})
     return results
 
 
