@@ -15,6 +15,7 @@ from blocksync.engine.config import TrainConfig
 from blocksync.engine.inputs import InputSpec
 from blocksync.engine.losses import import_loss, loss_sum
 from blocksync.engine.models import build_model
+from blocksync.engine.optim import build_optimizer
 from blocksync.engine.worker.trainer import straggle
 
 PROBE_SCHEMA_DDL = "payload string"
@@ -27,11 +28,16 @@ start together, in one stage) and that a CPU cap's throttling periods
 
 def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
                batch_rows: int, rank: int) -> float:
-    """Rows per second of forward, backward and optimizer step on `batch_rows` synthetic rows, as rank `rank`
-    (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then steps for WINDOW_SECONDS."""
+    """Rows per second of forward, backward and the configured optimizer's step on `batch_rows` synthetic rows, as
+    rank `rank` (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then steps for
+    WINDOW_SECONDS. The rate is rows over the window's whole time, not a median step's: under a CPU cap the
+    steps that fall in a throttled part of a period take the time the cap removes, and a median of short steps
+    would skip them."""
     torch.manual_seed(config.seed)
     model = build_model(config.model, num_features, num_outputs, inputs)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the step's cost, never a change that matters
+    optimizer = build_optimizer(model, config)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0  # the step's cost (Adam's moments included), never a change that matters
     x = torch.randn(batch_rows, num_features)
     ids = torch.zeros(batch_rows, inputs.id_width if inputs is not None else 0, dtype=torch.long)
     y = torch.randint(0, num_outputs, (batch_rows,)).double()  # class indices; any float for regression
