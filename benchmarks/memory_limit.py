@@ -87,6 +87,26 @@ def read_ceiling(cgroup: Path, path: str) -> float:
     return float(proc.stdout)
 
 
+DECODER = """import os, sys, time
+open(os.path.join(sys.argv[1], "cgroup.procs"), "w").write(str(os.getpid()))
+import pyarrow.parquet as pq
+f, rows = pq.ParquetFile(sys.argv[2]), 0
+start = time.perf_counter()
+for group in range(f.metadata.num_row_groups):
+    rows += f.read_row_group(group, use_threads=False).num_rows
+print(rows / (time.perf_counter() - start))
+"""
+
+
+def decode_ceiling(cgroup: Path, path: str) -> float:
+    """Rows/s of decoding `path` row group by row group on one thread (as `stream`'s reader does, without
+    converting or checking the rows), cache dropped first, by a process in `cgroup`: the most samples/s a
+    `stream` run of one worker can reach, whatever its model."""
+    drop_cache(path)
+    proc = subprocess.run([sys.executable, "-c", DECODER, str(cgroup), path],
+                          capture_output=True, text=True, timeout=600, check=True)
+    return float(proc.stdout)
+
 
 def run(spark) -> dict | None:
     parent = own_memory_cgroup()
@@ -101,6 +121,8 @@ def run(spark) -> dict | None:
         data = synthetic_files(Path(tmp), FACTOR * LIMIT_MB, workers=1, group_rows=GROUP_ROWS)
         ceiling = [read_ceiling(cgroup, data) for _ in range(2)]
         print(f"memory_limit sequential read of the data under the limit: {ceiling} MiB/s", flush=True)
+        decoded = [decode_ceiling(cgroup, data) for _ in range(2)]
+        print(f"memory_limit decoding the data on one thread under the limit: {decoded} rows/s", flush=True)
         runs.append(run_job(cgroup, data, "memory", Path(tmp)))
         print(f"memory_limit memory: {runs[-1]}", flush=True)
         for rep in range(REPETITIONS):
@@ -109,7 +131,8 @@ def run(spark) -> dict | None:
                     runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited", model=model))
                     print(f"memory_limit rep {rep + 1} {model} {storage} {order} {limited}: {runs[-1]}", flush=True)
     block_mb = int(FACTOR * LIMIT_MB * 2**20 / ROW_BYTES) * ROW_BYTES / 2**20
-    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "read_ceiling_mib_s": ceiling, "runs": runs,
+    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "read_ceiling_mib_s": ceiling,
+               "decode_ceiling_rows_s": decoded, "runs": runs,
                "ratios": {m: _ratios([r for r in runs if r.get("model", "logreg") == m]) for m in MODELS}}
     write("memory_limit", payload, _markdown(payload))
     return payload
@@ -137,10 +160,13 @@ def _markdown(p: dict) -> str:
              "the page cache. Memory: the rank's peak RSS (mapped and cached file pages included), its peak "
              "anonymous memory (RssAnon, sampled every 20 ms) and the cgroup's peak (page cache included).", "",
              f"The disk's sequential read ceiling under the limit (one pass over the Parquet file, {READ_MB} MiB "
-             "reads, cache dropped): " + ", ".join(f"{v:,.0f}" for v in p["read_ceiling_mib_s"]) + " MiB/s.", "",
+             "reads, cache dropped): " + ", ".join(f"{v:,.0f}" for v in p["read_ceiling_mib_s"]) + " MiB/s. Decoding "
+             "the Parquet file row group by row group on one thread, as `stream`'s reader does (pyarrow, cache "
+             "dropped, under the limit), the most samples/s a one-worker `stream` run can reach: "
+             + ", ".join(f"{v:,.0f}" for v in p["decode_ceiling_rows_s"]) + " rows/s.", "",
              "| model | block_storage | epoch_order | limit | outcome | seconds | data p50 / p95 | read (overlapped) | "
-             "peak RSS | peak RssAnon | cgroup peak | limit hits |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "O_DIRECT | peak RSS | peak RssAnon | cgroup peak | limit hits |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["runs"]:
         outcome = (f"completed: {r['steps']} steps, {r['samples_per_sec']:,.0f} samples/s" if r["ok"]
                    else f"refused ({r['kind']}): {r['error']}")
@@ -151,9 +177,10 @@ def _markdown(p: dict) -> str:
         anon = f"{max(r['peak_anon_mb']):,.0f} MiB" if ok and r.get("peak_anon_mb") else "-"
         cgroup = f"{r['cgroup_peak_mb']:,.0f} MiB" if "cgroup_peak_mb" in r else "no limit"
         hits = str(r["cgroup_limit_hits"]) if "cgroup_limit_hits" in r else "-"
+        direct = {True: "yes", False: "no"}.get((r.get("direct_reads") or [None])[0], "-")
         lines.append(f"| {r.get('model', 'logreg')} | {r['storage']} | {r.get('order', 'global')} | "
                      f"{'yes' if r.get('limited', True) else 'no'} | {outcome} | {r['seconds']:.0f} | {data} | "
-                     f"{read} | {rss} | {anon} | {cgroup} | {hits} |")
+                     f"{read} | {direct} | {rss} | {anon} | {cgroup} | {hits} |")
     lines += ["", "Samples/s under the limit over `memory` without one (medians): "
               + "; ".join(f"{m}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items()) for m, r in p["ratios"].items())]
     return "\n".join(lines) + "\n"

@@ -32,7 +32,7 @@ def main(path: str, out: str, storage: str, order: str, limited: str, model: str
         report = {"storage": storage, "order": order, "limited": limited == "limited", "ok": True, "model": model,
                   "steps": m["steps"], "peak_rss_mb": m["peak_rss_mb"], "peak_anon_mb": m["peak_anon_mb"],
                   "samples_per_sec": m["samples_per_sec"], "train_seconds": m["train_seconds"],
-                  "read_seconds": m["read_seconds"], "train_loss": m["train_loss"],
+                  "read_seconds": m["read_seconds"], "direct_reads": m["direct_reads"], "train_loss": m["train_loss"],
                   "data_p50_ms": m["timing"]["0"]["data_p50_ms"], "data_p95_ms": m["timing"]["0"]["data_p95_ms"],
                   "median_step_ms": m["median_step_ms"]}
     except TrainingError as err:

@@ -57,6 +57,8 @@ def test_memory_and_disk_train_bitwise_alike_in_the_chunk_order_and_a_relaunch_r
     same_run(memory, disk)
     assert all(s["read_seconds"] > 0 for s in disk.rank_summaries)  # the window reader ran
     assert all(s["read_seconds"] == 0 for s in memory.rank_summaries)
+    # 7-row chunks of 32-byte feature rows are never page-aligned: every read goes through the bounce buffer.
+    assert disk.metrics["direct_reads"] == [True] * 4 and memory.metrics["direct_reads"] == [None] * 4
     # Killed at step 12 of 28: the checkpoint of step 10 is in epoch 2 (7 steps an epoch), mid-window.
     faulty = train(spark, blobs, config("horovod", block_storage="disk", max_restarts=1,
                                         checkpoint={"dir": str(tmp_path / "ckpt"), "every_steps": 5},

@@ -97,6 +97,9 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
         "optimizer_bytes_per_rank": [s.get("optimizer_bytes") for s in sorted(summaries, key=lambda s: s["rank"])],
         # epoch_order=chunks from disk or stream: each rank's window reading, overlapped with its steps
         "read_seconds": [s.get("read_seconds", 0.0) for s in sorted(summaries, key=lambda s: s["rank"])],
+        # block_storage=disk in the chunk order: whether each rank read around the page cache (O_DIRECT; None:
+        # no window reads), see engine.worker.direct_io
+        "direct_reads": [s.get("direct_reads") for s in sorted(summaries, key=lambda s: s["rank"])],
         "bytes_sent": sum(s["bytes_sent"] for s in summaries),
         "payload_bytes_per_step": summaries[0]["payload_bytes"] / max(steps, 1),
         "median_step_ms": 1000 * statistics.median(sum(t[1:]) for t in summaries[0]["step_timings"]),

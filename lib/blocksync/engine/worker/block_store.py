@@ -23,6 +23,7 @@ from typing import IO
 import numpy as np
 import torch
 
+from blocksync.engine.worker.direct_io import DirectReads, aligned_empty
 from blocksync.engine.worker.stream_block import StreamBlock
 
 PAGE = mmap.PAGESIZE
@@ -225,6 +226,8 @@ class DiskBlock:
         else:  # bytes per row over all the files (targets may be pairs), into what the stream window leaves
             self.kept_rows = max(0, (budget_bytes - self._window) // max(1, total // max(rows, 1)))
         self._kept: dict[int, mmap.mmap] = {}  # fileno -> the mapping of its first `kept_rows` rows
+        self._direct: DirectReads | None = None
+        self.direct_reads: bool | None = None  # whether `read_into` reads around the page cache (None: unused)
 
     def take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = idx.cpu().numpy()
@@ -244,18 +247,27 @@ class DiskBlock:
         return tuple(t.to(self.device, non_blocking=True) for t in (x_host, i_host, y_host))  # type: ignore[return-value]
 
     def empty(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Uninitialized (features, ids, targets) arrays for `rows` rows."""
-        return (np.empty((rows, self.num_features), np.float32), np.empty((rows, self.id_width), np.int64),
-                np.empty((rows, *self.target_shape), np.float64))
+        """Uninitialized (features, ids, targets) arrays for `rows` rows, page-aligned (`read_into` reads
+        straight into them)."""
+        return (aligned_empty((rows, self.num_features), np.float32), aligned_empty((rows, self.id_width), np.int64),
+                aligned_empty((rows, *self.target_shape), np.float64))
 
     def read_into(self, lo: int, hi: int, out: tuple[np.ndarray, ...], at: int) -> None:
         """out[k][at:at + hi - lo] = rows [lo, hi) of the block: one sequential read from each file
-        (epoch_order=chunks reads its windows this way, chunk by chunk), no mapping."""
+        (epoch_order=chunks reads its windows this way, chunk by chunk), no mapping, around the page cache
+        where the filesystem allows (`direct_io`)."""
+        if self.direct_reads is None:
+            self._direct = DirectReads.open(self._files)
+            self.direct_reads = self._direct is not None
         rows = hi - lo
         for f, part in zip(self._files_by_kind(), out, strict=True):
             target = part[at:at + rows]
             if f is not None and target.size:  # no ids, or no features
-                _pread_exactly(f.fileno(), memoryview(target.data).cast("B"), lo * (target.nbytes // rows))
+                view, offset = memoryview(target.data).cast("B"), lo * (target.nbytes // rows)
+                if self._direct is not None:
+                    self._direct.read(f.fileno(), view, offset)
+                else:
+                    _pread_exactly(f.fileno(), view, offset)
 
     def _files_by_kind(self) -> list[IO[bytes] | None]:
         """(features, ids, targets) files, in the order of `take`'s tensors (None: no id file)."""
@@ -308,6 +320,9 @@ class DiskBlock:
     def close(self) -> None:
         for kept in self._kept.values():
             kept.close()
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         for f in self._files:
             f.close()
 

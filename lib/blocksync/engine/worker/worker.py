@@ -327,6 +327,7 @@ def _results(trainer: Trainer, ctx: Any, facts: dict[str, Any]) -> Iterator[pa.R
         "steps": trainer.step_count,
         "resumed_at": trainer.first_step,
         "read_seconds": trainer.read_seconds,
+        "direct_reads": getattr(trainer.block, "direct_reads", None),
         "epochs_run": len(trainer.history),
         **facts,
         "bytes_sent": float(trainer.traffic[1]),
