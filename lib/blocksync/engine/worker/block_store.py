@@ -7,7 +7,8 @@ so loading holds at most one incoming batch beyond the block itself. On a GPU
 the whole block is moved to the device once.
 
 `disk`: unnamed files on the executor's local disk, read through bounded mappings (`DiskBlockWriter`,
-`DiskBlock`, whose docstring has the details). In `memory` mode a worker first checks its block against
+`DiskBlock`, whose docstring has the details), or in the chunk order window by window, around the page
+cache (`direct_io`). In `memory` mode a worker first checks its block against
 its cgroup's memory limit (`check_block_fits`).
 """
 

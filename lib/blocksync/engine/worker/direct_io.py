@@ -3,9 +3,8 @@
 A block on disk that is read in the chunk order is read once an epoch, chunk by chunk, into a window in
 memory. Read through the page cache, every page is first copied into the cache (which, under a
 container's memory limit, makes the kernel reclaim another page of the same cgroup) and then copied
-out again: measured under a 512 MiB cgroup limit on this project's 2-core machine, a 2 GiB file read
-in 4 MiB chunks took 1.45 s of CPU through the cache and 0.18 s with O_DIRECT. The reader shares the
-worker's cores with the training thread, so that CPU comes out of training.
+out again. The reader shares the worker's cores with the training thread, so that CPU comes out of
+training; `benchmarks/results/memory_limit.md` measures the whole run.
 
 O_DIRECT reads need their file offset, length and memory address aligned (ALIGN, 4096 bytes: a page,
 and a multiple of every common logical block size). `DirectReads.read` reads the aligned middle of a
@@ -33,8 +32,8 @@ log = logging.getLogger(__name__)
 
 ALIGN = 4096
 BOUNCE_BYTES = 256 * 1024
-"""The bounce buffer for unaligned edges and ranges: small enough to stay in a core's cache (a 256 KiB
-buffer read a 2 GiB file faster, with less CPU, than 1 or 4 MiB ones in the measurement above)."""
+"""The bounce buffer for unaligned edges and ranges: small enough to stay in a core's cache while its
+bytes are copied out."""
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
