@@ -89,6 +89,7 @@ def build_clean_parser() -> argparse.ArgumentParser:
 
 def execute_clean(args: argparse.Namespace) -> int:
     from blocksync.pipeline.run_config import RunConfig, SparkSettings
+    from blocksync.pipeline.session import stop_session
 
     if args.older_than_hours < 0:
         raise ValueError(f"--older-than-hours {args.older_than_hours:g}: give 0 or more hours.")
@@ -101,7 +102,7 @@ def execute_clean(args: argparse.Namespace) -> int:
 
         removed, kept = sweep(RunFiles(spark, args.output, setting="--output"), stale_hours=args.older_than_hours)
     finally:
-        spark.stop()
+        stop_session(spark)
     for line in removed:
         print(f"removed {line}")
     for line in kept:
@@ -116,6 +117,7 @@ COMMANDS = {"predict": (build_predict_parser, "execute_predict"), "clean": (buil
 
 def execute_predict(args: argparse.Namespace) -> int:
     from blocksync.pipeline.run_config import RunConfig, SparkSettings
+    from blocksync.pipeline.session import stop_session
 
     if args.quiet:
         logging.getLogger().setLevel(logging.WARNING)
@@ -129,7 +131,7 @@ def execute_predict(args: argparse.Namespace) -> int:
         rows = predict(spark, args.model, args.input, args.output, overwrite=args.overwrite,
                        trust_custom_code=args.trust_custom_code)
     finally:
-        spark.stop()
+        stop_session(spark)
     print(f"scored {rows} rows into {args.output}")
     return 0
 
@@ -223,7 +225,7 @@ def execute(stage: str, args: argparse.Namespace) -> int:
     from blocksync.pipeline.checks import check_checkpoint_dir, check_model, check_settings
     from blocksync.pipeline.run_config import load_config
     from blocksync.pipeline.run_files import RunFiles
-    from blocksync.pipeline.session import jvm_log_path
+    from blocksync.pipeline.session import jvm_log_path, stop_session
 
     config = load_config(args.config, args.overrides)
     if args.quiet:  # no progress bar, no progress log lines: warnings, errors and the result only
@@ -255,7 +257,7 @@ def execute(stage: str, args: argparse.Namespace) -> int:
         else:
             _print_result(pipeline.run(spark, config, overwrite=args.overwrite), files)
     finally:
-        spark.stop()
+        stop_session(spark)
     log = jvm_log_path()
     try:
         if log.exists() and files.exists():  # a finished run keeps Spark's log with its outputs

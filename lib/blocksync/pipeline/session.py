@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -158,4 +159,44 @@ def warm_python_daemon(spark: SparkSession) -> threading.Thread:
 
     thread = threading.Thread(target=start, name="blocksync-warm-python", daemon=True)
     thread.start()
+    _warming.append(thread)
     return thread
+
+
+_warming: list[threading.Thread] = []
+"""The warm-up tasks started in this process (`stop_session` looks for one still running)."""
+
+
+def stop_session(spark: SparkSession) -> None:
+    """`spark.stop()`, without first waiting for a Python daemon that a warm-up task is still starting.
+
+    In local mode the executors' Python daemon is a child process of the driver's JVM, and while one starts
+    (importing torch, seconds) Spark's Python worker factory holds the lock that stopping the session needs:
+    a run that failed on a bad input in its first seconds waited that long, about 5 s on 2 cores, to exit.
+    So when a warm-up task is still running, the local JVM's Python daemons are sent SIGTERM first, as
+    `stop()` would send it once it got the lock; the warm-up task then fails, quietly (its docstring)."""
+    if any(t.is_alive() for t in _warming) and (spark.sparkContext.master or "").startswith("local"):
+        module = spark.conf.get("spark.python.daemon.module", "pyspark.daemon") or "pyspark.daemon"
+        jvm: Any = spark._jvm  # type: ignore[attr-defined]
+        jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+        for pid in _children_running(jvm_pid, module):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    _warming.clear()
+    spark.stop()
+
+
+def _children_running(parent: int, module: str) -> list[int]:
+    """The pids of `parent`'s child processes running `python -m module`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+        if ppid == parent and b"-m" in argv and module.encode() in argv:
+            found.append(int(entry.name))
+    return found
