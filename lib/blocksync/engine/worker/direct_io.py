@@ -1,21 +1,15 @@
 """Reading a disk block's chunks around the page cache (O_DIRECT), for `epoch_order=chunks`.
 
-A block on disk that is read in the chunk order is read once an epoch, chunk by chunk, into a window in
-memory. Read through the page cache, every page is first copied into the cache (which, under a
-container's memory limit, makes the kernel reclaim another page of the same cgroup) and then copied
-out again. The reader shares the worker's cores with the training thread, so that CPU comes out of
-training; `benchmarks/results/memory_limit.md` measures the whole run.
+Each chunk is read once an epoch into a window. Through the page cache every page is copied twice and,
+under a container's memory limit, makes the kernel reclaim another page of the same cgroup: CPU the
+reader takes from the training thread on the same cores (`benchmarks/results/memory_limit.md`).
 
-O_DIRECT reads need their file offset, length and memory address aligned (ALIGN, 4096 bytes: a page,
-and a multiple of every common logical block size). `DirectReads.read` reads the aligned middle of a
-range straight into its destination when the destination and the file offset are aligned alike (the
-window reader's arrays are page-aligned, `aligned_empty`, so chunks whose bytes are a multiple of 4096
-go straight in), and anything else through one small page-aligned bounce buffer. The result is the same
-bytes a buffered read gives (`tests/test_direct_io.py`).
-
-Filesystems without O_DIRECT (tmpfs before Linux 6.6, some FUSE mounts) refuse it: `DirectReads.open`
-then returns None and the block is read through the page cache, which the worker logs and
-`metrics.json` shows (`direct_reads`).
+O_DIRECT needs offset, length and memory address aligned (ALIGN, 4096 bytes). `DirectReads.read` reads
+a range's aligned middle straight into its destination when both are aligned alike (windows are
+page-aligned, `aligned_empty`) and the rest through a small page-aligned bounce buffer: the same bytes
+a buffered read gives (`tests/test_direct_io.py`). Where a filesystem refuses O_DIRECT (tmpfs before
+Linux 6.6, some FUSE mounts) `DirectReads.open` returns None and the block is read through the page
+cache, which the worker logs and `metrics.json` shows (`direct_reads`).
 """
 
 from __future__ import annotations
