@@ -14,12 +14,11 @@ from pathlib import Path
 
 from benchmarks.common import SettingError
 
-BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "horovod_env", "compression", "peers", "bigmodel", "memory",
-              "memory_limit", "epoch_order", "scoring", "model_selection", "accuracy", "balance", "demo", "netcluster",
-              "scaling", "sharding", "sharding_limit")
-NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "memory",
-               "epoch_order",
-               "scoring", "model_selection", "accuracy", "sharding")
+BENCHMARKS = ("allreduce", "throughput", "horovod_profile", "horovod_env", "compression", "peers", "bigmodel",
+              "bigmodel_transformer", "memory", "memory_limit", "epoch_order", "scoring", "model_selection", "accuracy",
+              "balance", "demo", "netcluster", "scaling", "sharding", "sharding_limit")
+NEEDS_SPARK = ("allreduce", "throughput", "horovod_profile", "compression", "peers", "bigmodel", "bigmodel_transformer",
+               "memory", "epoch_order", "scoring", "model_selection", "accuracy", "sharding")
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -53,6 +53,11 @@ def _state(numpy_state: dict) -> dict:
     return {k: torch.from_numpy(v) for k, v in numpy_state.items()}
 
 
+def _net(data: Dataset) -> dict[str, Any]:
+    """The MLP, as benchmarks/peer_fns.py describes networks."""
+    return {"kind": "mlp", "hidden": HIDDEN, "features": data.features}
+
+
 def _blocksync(spark, data: Dataset, workers: int, model, lr: float, blocks: str) -> tuple[Any, float]:
     """Trained model and seconds, from the Parquet files: `train_files` (blocks="files") or
     `train` on spark.read.parquet (blocks="shuffle" or "auto")."""
@@ -82,7 +87,7 @@ def torch_distributor(spark, data: Dataset) -> tuple[float, float]:
 
     start = time.perf_counter()
     state = TorchDistributor(num_processes=MLP_WORKERS, local_mode=False, use_gpu=False).run(
-        ddp_train, data.train_files, HIDDEN, data.features, BATCH, 1, 1e-3)
+        ddp_train, data.train_files, _net(data), BATCH, 1, 1e-3)
     seconds = time.perf_counter() - start
     return seconds, accuracy(_state(state), data.test_file, HIDDEN)
 
@@ -93,7 +98,7 @@ def horovod_spark(spark, data: Dataset) -> tuple[float, float]:
     from benchmarks.peer_fns import horovod_train
 
     start = time.perf_counter()
-    states = horovod.spark.run(horovod_train, args=(data.train_files, HIDDEN, data.features, BATCH, 1, 1e-3),
+    states = horovod.spark.run(horovod_train, args=(data.train_files, _net(data), BATCH, 1, 1e-3),
                                num_proc=MLP_WORKERS, use_gloo=True, nics=["lo"], start_timeout=120, verbose=0)
     seconds = time.perf_counter() - start
     return seconds, accuracy(_state(states[0]), data.test_file, HIDDEN)

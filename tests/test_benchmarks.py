@@ -19,8 +19,8 @@ def test_bench_refuses_an_unknown_benchmark_before_starting_spark():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "unknown benchmark(s) nope; available: allreduce, throughput, horovod_profile, horovod_env, compression, "
-        "peers, bigmodel, memory, memory_limit, epoch_order, scoring, model_selection, accuracy, balance, demo, "
-        "netcluster, scaling, sharding, sharding_limit")
+        "peers, bigmodel, bigmodel_transformer, memory, memory_limit, epoch_order, scoring, model_selection, accuracy, "
+        "balance, demo, netcluster, scaling, sharding, sharding_limit")
 
 
 def test_bench_refuses_a_setting_a_benchmark_cannot_use_before_starting_spark(monkeypatch, capsys):
