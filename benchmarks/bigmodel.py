@@ -150,7 +150,7 @@ def contenders() -> dict[str, Any]:
     return named
 
 
-def test_accuracy(job: Job, state: dict, test_file: str) -> float:
+def accuracy_of(job: Job, state: dict, test_file: str) -> float:
     """Accuracy of a state_dict of blocksync's network on the job's test rows."""
     from benchmarks.peer_fns import TokenNet
 
@@ -170,7 +170,7 @@ def run(spark, job: Job = MLP) -> dict:
     for rep in range(REPETITIONS):
         for name, fn in named.items():  # alternating
             out = fn(spark, job, files)
-            out["accuracy"] = test_accuracy(job, out.pop("state"), test_file)
+            out["accuracy"] = accuracy_of(job, out.pop("state"), test_file)
             samples[name].append(out)
             print(f"rep {rep + 1}/{REPETITIONS} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in out.items()),
                   flush=True)
