@@ -40,7 +40,9 @@ def test_a_run_directory_on_an_sftp_server_matches_a_local_one(tmp_path):
     (served / "a_file").write_text("not a folder")
     # blocks=shuffle on both sides: with blocks=auto a local run reads its blocks straight from the Parquet
     # files (pyarrow), while sftp:// files, which pyarrow cannot open, are cut by Spark: other blocks, other steps.
-    settings = ["--config", "conf/local.yaml", "train.epochs=5", "train.blocks=shuffle", "--quiet"]
+    # What is tested is the filesystem, so the runs are short: 2 workers on torch_gloo, 2 epochs.
+    settings = ["--config", "conf/local.yaml", "train.epochs=2", "train.num_workers=2", "train.backend=torch_gloo",
+                "train.blocks=shuffle", "--quiet"]
     with SftpServer(tmp_path / "sshd") as server:
         sftp_conf = [f"spark.conf.{k}={v}" for k, v in server.spark_conf().items()]
         remote = [*settings, *sftp_conf, f"data.source={server.uri(served / 'digits.parquet')}"]
