@@ -134,8 +134,8 @@ def _summary(runs: list[dict], digits: list[dict]) -> dict:
 def _markdown(p: dict) -> str:
     s = p["summary"]
     lines = ["# epoch_order: the chunk order against the global permutation", "",
-             "Speed: the peers' synthetic MLP job (2 workers, torch_gloo, 260 MiB blocks, 256 MiB budget, 65 MiB "
-             "chunks: one row group each), "
+             "Speed: the peers' synthetic MLP job (2 workers, torch_gloo, 260 MiB blocks, 256 MiB budget (stream: "
+             f"{STREAM_BUDGET_MB}, for a row group's decode), 65 MiB chunks: one row group each), "
              f"medians of {REPETITIONS} alternating runs, against memory/global in the same run.", "",
              "| storage/order | steady samples/s x memory/global | whole epoch x memory/global | test accuracy |",
              "| --- | --- | --- | --- |"]
