@@ -14,6 +14,9 @@ from tests.helpers import accuracy, split_standardized
 from tests.reference import max_param_diff
 
 pytestmark = pytest.mark.timeout(400)
+EPOCHS = 20
+"""The digits runs' length: at 20 epochs (30 before 2026-12-07, to save 20 s) the accuracies were none 0.9707,
+topk 0.9736, fp16 0.9707, int8 0.9707, powersgd 0.9648, inside the tolerances below."""
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def digits_run(spark, digits, compression: str, backend: str = "horovod"):
     train_df, test_df, _ = digits
     # The default's network at lr 2e-3 without decay or label smoothing (conf/local.yaml before 2026-12-05):
     # the settings these tolerances were set at.
-    cfg = TrainConfig(num_workers=4, backend=backend, epochs=30, batch_size=64, lr=2e-3, seed=0,
+    cfg = TrainConfig(num_workers=4, backend=backend, epochs=EPOCHS, batch_size=64, lr=2e-3, seed=0,
                       compression=compression, topk_ratio=0.01, model=ModelSpec(name="mlp", hidden=[128, 64]))
     result = train(spark, train_df, cfg)
     return accuracy(result.model, test_df), result.metrics
