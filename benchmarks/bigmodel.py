@@ -127,7 +127,7 @@ def one_process(spark, job: Job, files: list[str]) -> dict[str, Any]:
         start = time.perf_counter()
         x, y = load(files, job.net)
         model = network(job.net)
-        opt = torch.optim.Adam(model.parameters(), lr=job.lr, fused=True)  # as blocksync steps it (engine.optim)
+        opt = torch.optim.Adam(model.parameters(), lr=job.lr)
         _epochs(model, opt, x, y, batch=job.batch, epochs=1, seed=0, rank=0)
         return {"seconds": time.perf_counter() - start, "state": _tensors(state_of(model))}
     finally:

@@ -87,7 +87,7 @@ def ddp_train(files: list[str], net: dict[str, Any], batch: int, epochs: int, lr
     try:
         x, y = load(files[rank::size], net)
         model = DistributedDataParallel(network(net))  # broadcasts rank 0's initial weights
-        opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)  # as blocksync steps it (engine.optim)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
         _epochs(model, opt, x, y, batch=batch // size, epochs=epochs, seed=0, rank=rank)
         state = state_of(model)
     finally:
@@ -109,7 +109,7 @@ def horovod_train(files: list[str], net: dict[str, Any], batch: int, epochs: int
         rank, size = hvd.rank(), hvd.size()
         x, y = load(files[rank::size], net)
         model = network(net)
-        opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)  # as blocksync steps it (engine.optim)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         _epochs(model, opt, x, y, batch=batch // size, epochs=epochs, seed=0, rank=rank)

@@ -76,7 +76,7 @@ def baseline_run(x: torch.Tensor, y: torch.Tensor, threads: int) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), x.shape[1], 2)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # as blocksync steps it (engine.optim)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     order = torch.randperm(x.shape[0])
     starts = []

@@ -17,18 +17,9 @@ def build_optimizer(model: nn.Module | Sequence[torch.Tensor], cfg: TrainConfig)
     params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    adam = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
-    return adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fusable(params))
-
-
-def fusable(params: Sequence[torch.Tensor]) -> bool:
-    """Whether Adam and AdamW run as torch's fused kernel: one pass over each tensor instead of a dozen
-    elementwise ops. Every rank steps the whole model (or its shard) on the few threads its task has, and
-    the for-loop implementation made the step a sizeable part of a CPU step (benchmarks/results/bigmodel.md
-    before and after). The kernel is elementwise, so a slice steps bitwise as those entries of the whole
-    (sharding) and every run steps alike (relaunches); against the for-loop it differs by rounding (the
-    reference in tests/ keeps the for-loop). Fused needs floating-point tensors on the CPU or CUDA."""
-    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 def lr_factor(step: int, total_steps: int, cfg: TrainConfig) -> float:
