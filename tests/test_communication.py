@@ -115,12 +115,14 @@ def test_compression_through_the_spark_backend_trains_like_torch_gloo(spark, com
 
 
 def test_timing_summary_and_an_injected_straggler_is_named(spark, caplog):
+    """3 ranks: the ranks' median is then the slower equal rank's own, so jitter on an equal rank cannot
+    name it too (with 4, the median of two equal ranks and a slow one's 40 ms left room for that)."""
     df = spark.createDataFrame(synthetic_classification(800, 8, 3, seed=3))
-    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=2, batch_size=100,
+    cfg = TrainConfig(num_workers=3, backend="torch_gloo", epochs=2, batch_size=100,
                       model=ModelSpec(name="logreg"), faults={"slow_rank": 2, "slow_ms": 40})
     result = train(spark, df, cfg)
     timing = result.metrics["timing"]
-    assert sorted(timing) == ["0", "1", "2", "3"]
+    assert sorted(timing) == ["0", "1", "2"]
     assert set(timing["0"]) == {f"{p}_{q}_ms" for p in ("data", "compute", "sync", "optimizer") for q in ("p50", "p95")}
     assert timing["2"]["compute_p50_ms"] >= 40
     assert result.metrics["stragglers"] == [2]
@@ -130,9 +132,13 @@ def test_timing_summary_and_an_injected_straggler_is_named(spark, caplog):
 
 
 def test_no_straggler_without_injection(spark):
+    """Equal ranks, one per core: none is named. With 4 ranks on the 2 cores a rank could really compute
+    slower for a whole run (it shares its core with the driver's JVM), and once did in CI (2026-12-07), so
+    this runs 2 ranks, over 32 steps so that each rank's median compute is a steady one."""
     df = spark.createDataFrame(synthetic_classification(800, 8, 3, seed=3))
-    cfg = TrainConfig(num_workers=4, backend="torch_gloo", epochs=2, batch_size=100, model=ModelSpec(name="logreg"))
-    assert train(spark, df, cfg).metrics["stragglers"] == []
+    cfg = TrainConfig(num_workers=2, backend="torch_gloo", epochs=4, batch_size=100, model=ModelSpec(name="logreg"))
+    result = train(spark, df, cfg)
+    assert result.metrics["stragglers"] == [], result.metrics["timing"]
 
 
 def test_adasum_needs_an_mpi_or_nccl_build(spark):
