@@ -89,19 +89,21 @@ def read_ceiling(cgroup: Path, path: str) -> float:
 
 DECODER = """import os, sys, time
 open(os.path.join(sys.argv[1], "cgroup.procs"), "w").write(str(os.getpid()))
-import pyarrow.parquet as pq
-f, rows = pq.ParquetFile(sys.argv[2]), 0
+import pyarrow.fs as pafs
+from blocksync.engine.worker.parquet_direct import DirectRowGroups
+f, rows = DirectRowGroups.open(pafs.LocalFileSystem(), sys.argv[2]), 0
 start = time.perf_counter()
 for group in range(f.metadata.num_row_groups):
-    rows += f.read_row_group(group, use_threads=False).num_rows
+    rows += f.read_row_group(group, ["features", "label"]).num_rows
 print(rows / (time.perf_counter() - start))
 """
 
 
 def decode_ceiling(cgroup: Path, path: str) -> float:
-    """Rows/s of decoding `path` row group by row group on one thread (as `stream`'s reader does, without
-    converting or checking the rows), cache dropped first, by a process in `cgroup`: the most samples/s a
-    `stream` run of one worker can reach, whatever its model."""
+    """Rows/s of reading and decoding `path` row group by row group on one thread, as `stream`'s reader does
+    (`parquet_direct`: one O_DIRECT read a row group, pyarrow's decoder) without converting or checking the
+    rows, cache dropped first, by a process in `cgroup`: the most samples/s a `stream` run of one worker can
+    reach, whatever its model."""
     drop_cache(path)
     proc = subprocess.run([sys.executable, "-c", DECODER, str(cgroup), path],
                           capture_output=True, text=True, timeout=600, check=True)
@@ -161,8 +163,9 @@ def _markdown(p: dict) -> str:
              "anonymous memory (RssAnon, sampled every 20 ms) and the cgroup's peak (page cache included).", "",
              f"The disk's sequential read ceiling under the limit (one pass over the Parquet file, {READ_MB} MiB "
              "reads, cache dropped): " + ", ".join(f"{v:,.0f}" for v in p["read_ceiling_mib_s"]) + " MiB/s. Decoding "
-             "the Parquet file row group by row group on one thread, as `stream`'s reader does (pyarrow, cache "
-             "dropped, under the limit), the most samples/s a one-worker `stream` run can reach: "
+             "the Parquet file row group by row group on one thread, as `stream`'s reader does (one O_DIRECT "
+             "read a row group, pyarrow's decoder, under the limit), the most samples/s a one-worker `stream` run "
+             "can reach: "
              + ", ".join(f"{v:,.0f}" for v in p["decode_ceiling_rows_s"]) + " rows/s.", "",
              "| model | block_storage | epoch_order | limit | outcome | seconds | data p50 / p95 | read (overlapped) | "
              "O_DIRECT | peak RSS | peak RssAnon | cgroup peak | limit hits |",

@@ -79,8 +79,12 @@ def test_a_local_dir_without_room_is_named_with_the_bytes_needed(tmp_path, monke
 
     monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**6, 10**6 - 1000, 1000))
     with pytest.raises(ValueError, match=rf"block_storage=disk needs 6,000 bytes for this block in {tmp_path}, "
-                                         r"which has 1,000 free"):
+                                         r"which has 1,000 free; .*SPARK_LOCAL_DIRS.*, or use more workers") as err:
         DiskBlockWriter(4, 250, str(tmp_path))  # 250 rows x (4 x 4 + 8) bytes
+    assert "stream" not in str(err.value)  # rows of a Spark shuffle cannot be streamed
+    with pytest.raises(ValueError, match=r"SPARK_LOCAL_DIRS.*, set train.block_storage=stream \(it reads the Parquet "
+                                         r"files in place"):
+        DiskBlockWriter(4, 250, str(tmp_path), from_files=True)  # blocks=files
     assert os.listdir(tmp_path) == []
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -46,10 +48,15 @@ def no_problem(x, ids, y) -> str:
     return ""
 
 
-def test_a_stream_block_reads_the_rows_a_loaded_block_holds(tmp_path):
+@pytest.mark.parametrize("filesystem", ["local", "other"])
+def test_a_stream_block_reads_the_rows_a_loaded_block_holds(tmp_path, filesystem):
+    """Local files are read around the page cache; any other pyarrow filesystem (here a SubTreeFileSystem over
+    the same files, standing for HDFS or S3) through pyarrow's reader: the same rows either way."""
     plan, info = plan_shards(None, write_files(tmp_path / "data"), features="features", label="label", num_workers=2)
     assert set(plan.file_facts) == {str(tmp_path / "data" / f"part-0000{i}.parquet") for i in range(3)}
     x, y = read_block(plan, 1, 8)
+    if filesystem == "other":
+        plan = dataclasses.replace(plan, filesystem=pafs.SubTreeFileSystem("/", pafs.LocalFileSystem()))
     block = StreamBlock(plan, 1, 8, no_problem)
     order = chunk_order(block.rows, 1, 1, 0, ChunkLayout(9, 2))  # 9-row chunks, 18-row windows
     feed = open_feed(block, order, 0, __import__("torch").device("cpu"))
@@ -60,6 +67,7 @@ def test_a_stream_block_reads_the_rows_a_loaded_block_holds(tmp_path):
             xb, _, yb = feed.take(lo, hi)
             np.testing.assert_array_equal(xb.numpy(), x[order.rows[lo:hi]])
             np.testing.assert_array_equal(yb.numpy(), y[order.rows[lo:hi]])
+        assert block.direct_reads is (filesystem == "local")
     finally:
         feed.close()
         block.close()

@@ -139,7 +139,8 @@ class DiskBlockWriter:
     """Appends batches to the unnamed files (features, targets, ids); `finish()` maps them for training."""
 
     def __init__(self, num_features: int, expected_rows: int, directory: str | None = None,
-                 target_columns: int = 1, id_width: int = 0) -> None:
+                 target_columns: int = 1, id_width: int = 0, from_files: bool = False) -> None:
+        """`from_files`: the rows come from Parquet files (blocks=files), which `stream` can read in place."""
         self.directory = directory or spark_local_dir()
         self.num_features, self.id_width = num_features, id_width
         self.target_columns = target_columns
@@ -149,7 +150,8 @@ class DiskBlockWriter:
             raise ValueError(
                 f"block_storage=disk needs {needed:,} bytes for this block in {self.directory}, which has "
                 f"{free:,} free; free space there, point spark.local.dir (SPARK_LOCAL_DIRS) at a larger disk, "
-                "or use more workers."
+                + ("set train.block_storage=stream (it reads the Parquet files in place, with nothing on the local "
+                   "disk), " if from_files else "") + "or use more workers."
             )
         self.rows = 0
         self._files: list[IO[bytes]] = [self._unnamed() for _ in range(3 if id_width else 2)]

@@ -49,8 +49,9 @@ class DirectReads:
         self._view = memoryview(self._bounce)
 
     @classmethod
-    def open(cls, files: list[IO[bytes]]) -> DirectReads | None:
-        """Direct reads of `files`, or None (logged) where their filesystem refuses O_DIRECT."""
+    def open(cls, files: list[IO[bytes]], what: str = "block_storage=disk: the local directory's filesystem",
+             ) -> DirectReads | None:
+        """Direct reads of `files`, or None (logged, naming `what`) where their filesystem refuses O_DIRECT."""
         fds: dict[int, int] = {}
         probe = mmap.mmap(-1, ALIGN)
         try:
@@ -61,9 +62,8 @@ class DirectReads:
         except OSError as err:
             for fd in fds.values():
                 os.close(fd)
-            log.warning("block_storage=disk: the local directory's filesystem refuses O_DIRECT reads (%s); the "
-                        "chunk order's windows are read through the page cache, which costs the reader more CPU",
-                        err)
+            log.warning("%s refuses O_DIRECT reads (%s); the chunk order's windows are read through the page "
+                        "cache, which costs the reader more CPU", what, err)
             return None
         finally:
             probe.close()

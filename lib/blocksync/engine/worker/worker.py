@@ -191,7 +191,7 @@ def _load_block(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], index: int,
                                lambda x, ids, y: _validate_block(plan, x, ids, y)), ""
         if plan.storage == "disk":
             writer = DiskBlockWriter(plan.num_features, expected, target_columns=plan.target_columns,
-                                     id_width=plan.id_width)
+                                     id_width=plan.id_width, from_files=plan.shards is not None)
             try:
                 for x, ids, y in pieces:
                     writer.append(x, y, ids)
