@@ -45,7 +45,7 @@ MODELS = ("logreg", "mlp")
 """logreg reads about 1 GB/s of rows in memory, so under the limit it is bound by the storage's read speed;
 the mlp (hidden [128, 64]) computes about 7x longer a row, so reading can hide behind its steps."""
 READ_MB = 4
-REPETITIONS = int(os.environ.get("BLOCKSYNC_BENCH_REPETITIONS", "1"))
+REPETITIONS = int(os.environ.get("BLOCKSYNC_BENCH_REPETITIONS", "2"))
 
 
 def run_job(cgroup: Path, data: str, storage: str, tmp: Path, order: str = "global", limited: bool = True,
@@ -133,7 +133,7 @@ def run(spark) -> dict | None:
                     runs.append(run_job(cgroup, data, storage, Path(tmp), order, limited == "limited", model=model))
                     print(f"memory_limit rep {rep + 1} {model} {storage} {order} {limited}: {runs[-1]}", flush=True)
     block_mb = int(FACTOR * LIMIT_MB * 2**20 / ROW_BYTES) * ROW_BYTES / 2**20
-    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "read_ceiling_mib_s": ceiling,
+    payload = {"limit_mb": LIMIT_MB, "block_mb": block_mb, "repetitions": REPETITIONS, "read_ceiling_mib_s": ceiling,
                "decode_ceiling_rows_s": decoded, "runs": runs,
                "ratios": {m: _ratios([r for r in runs if r.get("model", "logreg") == m]) for m in MODELS}}
     write("memory_limit", payload, _markdown(payload))
