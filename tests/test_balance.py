@@ -126,7 +126,9 @@ def test_files_cut_by_speed_equal_single_process_training(spark, data, storage, 
     assert result.block_sizes == sizes and sizes[1] < sizes[0]
     assert balance["row_shares"] == pytest.approx([n / 203 for n in sizes])
     assert len(balance["sync_idle_seconds"]) == 2 and len(balance["train_rows_per_s"]) == 2
-    assert 0 < result.metrics["startup_phases"]["probe_s"] < 30
+    phases = result.metrics["startup_phases"]
+    assert 0 < phases["probe_start_s"] < phases["probe_s"] < 30
+    assert balance["probe_start_seconds"] == phases["probe_start_s"]
     reference = reference_train(expected_blocks(x, y, sizes), config, num_outputs=3)
     assert max_param_diff(result.model, reference) <= 1e-5
     # Each step's global batch: the ranks' slices still sum to an epoch of 203 rows over 7 steps, and

@@ -33,6 +33,9 @@ class Balance:
     `executors[b]`, and with blocks=files the rank training there reads it (`worker.placement`)."""
     sizes: list[int] = field(default_factory=list)
     probe_seconds: float = 0.0
+    probe_start_seconds: float = 0.0
+    """Of `probe_seconds`, the submission to the last rank's probe starting (`probe.make_probe`'s `start_s`):
+    mostly the Python workers' start, which the training stage skips where Spark reuses them."""
     source: str = "probe"
     """`probe`: measured now; `checkpoint`: the speeds saved with the checkpoint this run resumes."""
     cut: str = "speed"
@@ -40,7 +43,8 @@ class Balance:
 
     def to_dict(self) -> dict:
         return {"speeds": self.speeds, "hosts": self.hosts, "executors": self.executors, "sizes": self.sizes,
-                "probe_seconds": self.probe_seconds, "source": self.source, "cut": self.cut}
+                "probe_seconds": self.probe_seconds, "probe_start_seconds": self.probe_start_seconds,
+                "source": self.source, "cut": self.cut}
 
 
 def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
@@ -49,13 +53,15 @@ def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_out
     n = config.num_workers
     batch_rows = max(1, -(-min(config.batch_size, total_rows) // n))
     started = time.perf_counter()
-    probe = make_probe(config, num_features, num_outputs, inputs, batch_rows)
+    probe = make_probe(config, num_features, num_outputs, inputs, batch_rows, time.time())
     rows = spark.range(n, numPartitions=n).mapInArrow(probe, PROBE_SCHEMA_DDL, barrier=True).collect()
     facts = sorted((json.loads(r["payload"]) for r in rows), key=lambda f: f["rank"])
     seconds = time.perf_counter() - started
     balance = Balance(speeds=[float(f["rows_per_s"]) for f in facts], hosts=[f["host"] for f in facts],
-                      executors=[f["executor"] for f in facts], probe_seconds=round(seconds, 4))
-    log.info("balance=speed probe (%.2f s): rows/s per rank %s", seconds, [round(s) for s in balance.speeds])
+                      executors=[f["executor"] for f in facts], probe_seconds=round(seconds, 4),
+                      probe_start_seconds=round(max(f["start_s"] for f in facts), 4))
+    log.info("balance=speed probe (%.2f s, %.2f s of it until the last rank's probe started): rows/s per rank %s",
+             seconds, balance.probe_start_seconds, [round(s) for s in balance.speeds])
     return balance
 
 

@@ -378,7 +378,8 @@ def train_blocks(
     wall_seconds = time.perf_counter() - started
     result = _assemble(config, plan, info, rows, wall_seconds)
     if balance is not None and result.metrics["startup_phases"]:
-        result.metrics["startup_phases"]["probe_s"] = balance.probe_seconds  # on the driver, before the launch
+        phases = result.metrics["startup_phases"]  # the probe ran on the driver's side, before the launch
+        phases["probe_s"], phases["probe_start_s"] = balance.probe_seconds, balance.probe_start_seconds
     log.info("%s", startup.describe(result.metrics["startup_phases"]))
     return result
 

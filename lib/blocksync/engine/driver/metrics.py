@@ -131,7 +131,8 @@ def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[
         executors = [s.get("task_address", "") for s in ordered]
         misplaced = placement(b, blocks, executors)
         out.update(probe_rows_per_s=b["speeds"], probe_hosts=b["hosts"], probe_executors=b.get("executors", []),
-                   probe_seconds=b["probe_seconds"], speeds_from=b["source"], cut=b.get("cut", "speed"),
+                   probe_seconds=b["probe_seconds"], probe_start_seconds=b.get("probe_start_seconds", 0.0),
+                   speeds_from=b["source"], cut=b.get("cut", "speed"),
                    cut_reason=(f"speeds within tolerance ({100 * SPEED_TOLERANCE:.0f}%), cut even"
                                if b.get("cut") == "even" else "cut by speed"),
                    block_of_rank=blocks, train_executors=executors, misplaced_ranks=misplaced)

@@ -60,13 +60,16 @@ def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs:
 
 
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
-               batch_rows: int):
+               batch_rows: int, launched_at: float):
     """The barrier task function: every rank measures at the same time (so they contend for the hosts as
     they will in training: the stage starts them together, and no `barrier()` is waited for, which would cost
     Spark's barrier round trip, most of a second) and returns one row: {"rank", "host", "rows_per_s",
-    "executor"} (the task's address, which tells executors on one host apart)."""
+    "executor" (the task's address, which tells executors on one host apart), "start_s"}: from `launched_at`
+    (time.time() as the driver submits the stage) to the function's first line: Spark's scheduling, the Python
+    worker's fork and its imports of blocksync and torch, which a reused worker does not pay again in training."""
 
     def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        start_s = time.time() - launched_at
         from pyspark import BarrierTaskContext
 
         for _ in batches:
@@ -77,7 +80,7 @@ def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs:
         torch.set_num_threads(threads)
         rate = probe_rate(config, num_features, num_outputs, inputs, batch_rows, rank)
         fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate,
-                                "executor": ctx.getTaskInfos()[rank].address}
+                                "executor": ctx.getTaskInfos()[rank].address, "start_s": start_s}
         yield pa.RecordBatch.from_pylist([{"payload": json.dumps(fact)}])
 
     return probe

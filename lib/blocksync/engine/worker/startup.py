@@ -72,5 +72,7 @@ def describe(phases: dict[str, float]) -> str:
         return ""
     parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {phases[k]:.2f} s" for k in PHASES)
     if "probe_s" in phases:  # balance=speed's probe stage, which ran before the launch
-        parts += f"; before the launch: speed probe {phases['probe_s']:.2f} s"
+        parts += (f"; before the launch: speed probe {phases['probe_s']:.2f} s ({phases.get('probe_start_s', 0):.2f} s "
+                  "of it until its last task started: the Python workers' start, which reused workers skip in "
+                  "training)")
     return f"launch to first step {phases['launch_to_first_step_s']:.2f} s (rank {phases['rank']:.0f}): {parts}"
