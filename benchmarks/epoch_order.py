@@ -13,10 +13,10 @@ Accuracy (the issue's target: within 0.3 points of the global permutation):
   `stream` decodes at once) and the default 256 MiB budget a window of one chunk: 4 windows a block
   (stream: STREAM_BUDGET_MB, for the same window and a row group's decode).
 
-Speed, on that synthetic job (blocks of 260 MiB; the machine's page cache holds them): samples/s at
-steady state (rank 0's median step period after 10 warm-up steps) and over the whole epoch, for
-memory/global (the baseline), memory/chunks, disk/global, disk/chunks and stream/chunks, alternating,
-REPETITIONS times.
+Speed, on that synthetic job with 2 and with 4 workers (the throughput benchmark's job at those sizes;
+blocks of 260 and 130 MiB, which the machine's page cache holds): samples/s at steady state (rank 0's
+median step period after 10 warm-up steps) and over the whole epoch, for memory/global (the baseline at
+each size), memory/chunks, disk/global, disk/chunks and stream/chunks, alternating, REPETITIONS times.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from benchmarks.data import accuracy, synthetic
 REPO = Path(__file__).resolve().parent.parent
 REPETITIONS = 2
 SPEED = [("memory", "global"), ("memory", "chunks"), ("disk", "global"), ("disk", "chunks"), ("stream", "chunks")]
+WORKERS = (2, 4)
 SYNTHETIC_CHUNK_MB = 65  # 131,072 rows of 520 bytes: one row group of the synthetic files
 STREAM_BUDGET_MB = 384
 """stream's budget: a window of one chunk (65 MiB) as on disk, plus the 3 x 65 MiB a row group's decode holds
@@ -73,16 +74,17 @@ def digits_accuracy(spark, path: str, test: tuple[np.ndarray, np.ndarray], order
         return float((model(torch.from_numpy(test[0])).argmax(1).numpy() == test[1]).mean())
 
 
-def synthetic_run(spark, files: list[str], storage: str, order: str) -> dict:
+def synthetic_run(spark, files: list[str], storage: str, order: str, workers: int) -> dict:
     from blocksync import ModelSpec, TrainConfig, train_files
 
-    cfg = TrainConfig(num_workers=2, backend="torch_gloo", epochs=1, batch_size=4096, optimizer="adam", lr=1e-3,
+    cfg = TrainConfig(num_workers=workers, backend="torch_gloo", epochs=1, batch_size=4096, optimizer="adam", lr=1e-3,
                       seed=0, threads_per_worker=1, block_storage=storage, epoch_order=order,
                       chunk_mb=SYNTHETIC_CHUNK_MB, check_every=0, model=ModelSpec(name="mlp", hidden=[256, 256]),
                       **({"memory_budget_mb": STREAM_BUDGET_MB} if storage == "stream" else {}))
     result = train_files(spark, files, cfg)
     m = result.metrics
-    return {"storage": storage, "order": order, "steady_samples_per_sec": 4096 / steady_step_seconds(result, 10),
+    return {"storage": storage, "order": order, "workers": workers,
+            "steady_samples_per_sec": 4096 / steady_step_seconds(result, 10),
             "samples_per_sec": m["samples_per_sec"], "data_p50_ms": m["timing"]["0"]["data_p50_ms"],
             "read_seconds": max(m["read_seconds"]), "peak_anon_mb": max(m["peak_anon_mb"]),
             "peak_rss_mb": max(m["peak_rss_mb"]), "state": result.model.state_dict()}
@@ -92,11 +94,12 @@ def run(spark) -> dict:
     data = synthetic()
     runs: list[dict] = []
     for rep in range(REPETITIONS):
-        for storage, order in SPEED:
-            out = synthetic_run(spark, data.train_files, storage, order)
-            out["accuracy"] = accuracy(out.pop("state"), data.test_file, [256, 256])
-            runs.append(out)
-            print(f"epoch_order rep {rep + 1} {storage}/{order}: {out}", flush=True)
+        for workers in WORKERS:
+            for storage, order in SPEED:
+                out = synthetic_run(spark, data.train_files, storage, order, workers)
+                out["accuracy"] = accuracy(out.pop("state"), data.test_file, [256, 256])
+                runs.append(out)
+                print(f"epoch_order rep {rep + 1} N={workers} {storage}/{order}: {out}", flush=True)
     digits: list[dict] = []
     with tempfile.TemporaryDirectory(dir=REPO / "benchmarks") as tmp:
         files = digits_files(Path(tmp))
@@ -112,20 +115,22 @@ def run(spark) -> dict:
 
 
 def _summary(runs: list[dict], digits: list[dict]) -> dict:
-    def of(storage: str, order: str, key: str) -> float:
-        return median([r[key] for r in runs if r["storage"] == storage and r["order"] == order])
+    def of(storage: str, order: str, key: str, workers: int = 2) -> float:
+        return median([r[key] for r in runs
+                       if r["storage"] == storage and r["order"] == order and r.get("workers", 2) == workers])
 
-    base = of("memory", "global", "steady_samples_per_sec")
-    whole = of("memory", "global", "samples_per_sec")
-    speed = {f"{s}/{o}": {"steady_x_memory_global": of(s, o, "steady_samples_per_sec") / base,
-                          "epoch_x_memory_global": of(s, o, "samples_per_sec") / whole,
-                          "accuracy": of(s, o, "accuracy")} for s, o in SPEED}
+    speed = {}
+    for n in WORKERS:
+        base, whole = of("memory", "global", "steady_samples_per_sec", n), of("memory", "global", "samples_per_sec", n)
+        speed.update({f"N={n} {s}/{o}": {"steady_x_memory_global": of(s, o, "steady_samples_per_sec", n) / base,
+                                          "epoch_x_memory_global": of(s, o, "samples_per_sec", n) / whole,
+                                          "accuracy": of(s, o, "accuracy", n)} for s, o in SPEED})
     acc = {}
     for layout in ("as given", "sorted by label"):
         mean = {o: float(np.mean([d["accuracy"] for d in digits if d["rows"] == layout and d["order"] == o]))
                 for o in ("global", "chunks")}
         acc[f"digits ({layout})"] = {**mean, "chunks_minus_global_points": 100 * (mean["chunks"] - mean["global"])}
-    synthetic_acc = {o: of("memory", o, "accuracy") for o in ("global", "chunks")}
+    synthetic_acc = {o: of("memory", o, "accuracy") for o in ("global", "chunks")}  # at N = 2
     acc["synthetic mlp"] = {**synthetic_acc,
                             "chunks_minus_global_points": 100 * (synthetic_acc["chunks"] - synthetic_acc["global"])}
     return {"speed": speed, "accuracy": acc}
@@ -134,15 +139,16 @@ def _summary(runs: list[dict], digits: list[dict]) -> dict:
 def _markdown(p: dict) -> str:
     s = p["summary"]
     lines = ["# epoch_order: the chunk order against the global permutation", "",
-             "Speed: the peers' synthetic MLP job (2 workers, torch_gloo, 260 MiB blocks, 256 MiB budget (stream: "
-             f"{STREAM_BUDGET_MB}, for a row group's decode), 65 MiB chunks: one row group each), "
-             f"medians of {REPETITIONS} alternating runs, against memory/global in the same run.", "",
-             "| storage/order | steady samples/s x memory/global | whole epoch x memory/global | test accuracy |",
+             "Speed: the peers' synthetic MLP job (2 and 4 workers, torch_gloo, 260 and 130 MiB blocks, 256 MiB "
+             f"budget (stream: {STREAM_BUDGET_MB}, for a row group's decode), 65 MiB chunks: one row group each), "
+             f"medians of {REPETITIONS} alternating runs, against memory/global at the same N in the same run.", "",
+             "| workers, storage/order | steady samples/s x memory/global | whole epoch x memory/global | "
+             "test accuracy |",
              "| --- | --- | --- | --- |"]
     for name, row in s["speed"].items():
         lines.append(f"| {name} | {row['steady_x_memory_global']:.2f} | {row['epoch_x_memory_global']:.2f} | "
                      f"{row['accuracy']:.4f} |")
-    lines += ["", "Accuracy (digits: mean over train.seed 0, 1, 2; synthetic: median of the memory runs):", "",
+    lines += ["", "Accuracy (digits: mean over train.seed 0, 1, 2; synthetic: median of the memory runs at N = 2):", "",
               "| job | global | chunks | chunks - global (points) |", "| --- | --- | --- | --- |"]
     for name, row in s["accuracy"].items():
         lines.append(f"| {name} | {row['global']:.4f} | {row['chunks']:.4f} | "
