@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -129,6 +130,36 @@ def test_the_reader_reads_whole_chunks_once_and_holds_two_windows(monkeypatch):
         feed.close()
     assert sorted(source.reads) == [(lo, lo + 25) for lo in range(0, 1000, 25)]  # each chunk once, whole
     assert source.peak == 2 and released == 19  # never more than the window in use and the next one
+
+
+def test_the_reader_reads_on_into_the_next_epoch_within_two_windows(monkeypatch):
+    """One feed for three epochs: each epoch's rows are its own order's, the next epoch's first window is read
+    while the last one trains, and at most two windows are held at any time, across the boundary too."""
+    source = CountingSource(np.arange(1000, dtype=np.float32)[:, None])
+    orders = [chunk_order(1000, 0, 0, epoch, ChunkLayout(25, 2)) for epoch in range(3)]
+    feed = WindowFeed(source, orders[0], 0, CPU, later=iter(orders[1:]))
+    original = feed._slots.release
+
+    def count_release() -> None:
+        source.live -= 1
+        original()
+
+    monkeypatch.setattr(feed._slots, "release", count_release)
+    try:
+        for epoch, order in enumerate(orders):
+            if epoch:
+                feed.next_epoch()
+            for lo in range(0, 1000, 10):
+                x, _, _ = feed.take(lo, lo + 10)
+                np.testing.assert_array_equal(x[:, 0].numpy(), order.rows[lo:lo + 10])
+            if epoch < 2:  # the last window trains: the next epoch's first is read meanwhile
+                deadline = time.monotonic() + 10
+                while len(source.reads) < 40 * (epoch + 1) + 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert len(source.reads) == 40 * (epoch + 1) + 2, "the next epoch's first window was not read ahead"
+    finally:
+        feed.close()
+    assert len(source.reads) == 3 * 40 and source.peak == 2
 
 
 def test_a_read_error_reaches_the_step():

@@ -29,7 +29,7 @@ from blocksync.engine.optim import build_optimizer, build_schedule
 from blocksync.engine.progress import Heartbeat
 from blocksync.engine.worker.anon_memory import rss_anon_mb
 from blocksync.engine.worker.block_data import batch_slices, split_targets
-from blocksync.engine.worker.epoch_order import epoch_order
+from blocksync.engine.worker.epoch_order import EpochOrder, epoch_order
 from blocksync.engine.worker.shard_resume import load_shard, resharded_rank_state
 from blocksync.engine.worker.state_fits import check_state_fits
 from blocksync.engine.worker.window_reader import Feed, open_feed
@@ -193,33 +193,46 @@ class Trainer:
         log.info("rank %d: resumed from %s at step %d%s", self.rank, path, snap.step,
                  f" (optimizer state resharded from {zero['num_shards']} shards)" if zero and resharded else "")
 
-    def run(self) -> float:
-        """Train the remaining steps; returns this attempt's training seconds."""
-        per_epoch = self.plan.steps_per_epoch
+    def run(self, feed: Feed | None = None) -> float:
+        """Train the remaining steps; returns this attempt's training seconds. `feed`: the run's feed from
+        step 0 (`open_run_feed`), opened by the worker before the rendezvous; else opened here."""
+        per_epoch, rows = self.plan.steps_per_epoch, self.block.rows
         self.started = time.perf_counter()
-        for epoch in range(self.step_count // per_epoch, self.cfg.epochs):
-            rows = self.block.rows
-            order = epoch_order(rows, self.cfg.seed, self.rank, epoch, self.plan.chunks)
-            slices = batch_slices(rows, per_epoch)
-            if self.plan.weighted:
-                self.global_batch = self.step_weights(order.rows, slices)
-            first = self.step_count - epoch * per_epoch
-            feed = open_feed(self.block, order, slices[first][0], self.device)
-            try:
-                for s_in_epoch in range(first, per_epoch):
+        first_epoch = self.step_count // per_epoch
+        slices = batch_slices(rows, per_epoch)
+        if feed is not None and self.step_count:  # resumed after all: that feed starts at step 0
+            feed.close()
+            feed = None
+        if first_epoch >= self.cfg.epochs:  # resumed from the last step's checkpoint: nothing left to read
+            return self.finish()
+        if feed is None:
+            feed = open_run_feed(self.plan, self.block, self.rank, self.device, self.step_count)
+        try:
+            for epoch in range(first_epoch, self.cfg.epochs):
+                if epoch > first_epoch:
+                    feed.next_epoch()
+                if self.plan.weighted:
+                    order = epoch_order(rows, self.cfg.seed, self.rank, epoch, self.plan.chunks)
+                    self.global_batch = self.step_weights(order.rows, slices)
+                for s_in_epoch in range(self.step_count - epoch * per_epoch, per_epoch):
                     self.step(epoch, s_in_epoch, feed, slices[s_in_epoch])
                     if self.first_step_done_at is None:
                         self.first_step_done_at = time.time()
                     if s_in_epoch < per_epoch - 1:
                         self.snapshot()
-            finally:
-                feed.close()
-                self.read_seconds += feed.read_seconds
-            self.end_epoch(epoch)
-            stop = self.stop_early()  # before the snapshot: a resumed run needs this epoch's best weights
-            self.snapshot()
-            if stop:
-                break
+                self.end_epoch(epoch)
+                stop = self.stop_early()  # before the snapshot: a resumed run needs this epoch's best weights
+                self.snapshot()
+                if stop:
+                    break
+        finally:
+            feed.close()
+            self.read_seconds += feed.read_seconds
+        return self.finish()
+
+    def finish(self) -> float:
+        """After the last step: the best weights (early stopping) and a last replica check; this attempt's
+        training seconds."""
         seconds = time.perf_counter() - self.started
         if self.best_params is not None:
             set_params(self.model, self.best_params)
@@ -453,6 +466,21 @@ class Trainer:
         """Global samples per second in this attempt so far."""
         steps = self.step_count - self.first_step
         return self.plan.total_rows * steps / self.plan.steps_per_epoch / max(time.perf_counter() - self.started, 1e-9)
+
+
+def open_run_feed(plan: WorkerPlan, block: Block, rank: int, device: torch.device, step: int) -> Feed:
+    """Rank `rank`'s feed from `step` to the run's end (`window_reader.open_feed`, with every later epoch's
+    order): one feed for the run, so that a window reader reads the next epoch's first window while this
+    one's last trains. The worker opens it for a fresh run before the rendezvous, so that the first window
+    is read meanwhile."""
+    cfg, per_epoch, rows = plan.config, plan.steps_per_epoch, block.rows
+    first_epoch = step // per_epoch
+
+    def order(epoch: int) -> EpochOrder:
+        return epoch_order(rows, cfg.seed, rank, epoch, plan.chunks)
+
+    first = batch_slices(rows, per_epoch)[step - first_epoch * per_epoch][0]
+    return open_feed(block, order(first_epoch), first, device, (order(e) for e in range(first_epoch + 1, cfg.epochs)))
 
 
 def straggle(compute_seconds: float, factor: float, extra_seconds: float) -> None:

@@ -41,7 +41,7 @@ from blocksync.engine.worker.placement import block_of_rank, task_addresses
 from blocksync.engine.worker.shard_reader import iter_pieces
 from blocksync.engine.worker.startup import StartupClock
 from blocksync.engine.worker.stream_block import StreamBlock
-from blocksync.engine.worker.trainer import Trainer, params_digest
+from blocksync.engine.worker.trainer import Trainer, open_run_feed, params_digest
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,9 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
         facts = {"load_seconds": time.perf_counter() - t0, "threads": threads, "gpu_addresses": gpus,
                  "device_warning": warning, "block_storage": plan.storage, "block": blocks[rank]}
         clock.mark("loaded")
+        # A fresh run's first window is read while the ranks rendezvous (a resumed run starts where its
+        # checkpoint says, which the trainer reads).
+        feed = open_run_feed(plan, block, rank, device, 0) if not problem and not plan.resume_from else None
         try:
             beat.at(0, "startup")
             t0 = time.perf_counter()
@@ -150,7 +153,7 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
                 if plan.resume_from:
                     trainer.resume(plan.resume_from)
                 clock.mark("initialized")
-                train_seconds = trainer.run()
+                train_seconds = trainer.run(feed if trainer.rank == rank else None)
                 if trainer.first_step_done_at is not None:
                     clock.stamps["first_step"] = trainer.first_step_done_at
                 facts.update(train_seconds=train_seconds, startup_phases=clock.phases(), peak_anon_mb=anon.stop())
@@ -163,6 +166,8 @@ def run_worker(plan: WorkerPlan, batches: Iterator[pa.RecordBatch], ctx: Any) ->
             finally:
                 coll.close()
         finally:
+            if feed is not None:
+                feed.close()
             block.close()
     except BaseException as err:
         error, kind = f"{type(err).__name__}: {err}", error_kind(err)
