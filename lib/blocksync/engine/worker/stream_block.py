@@ -11,6 +11,7 @@ naming it. Rows are checked as they are read (the other modes check them while l
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -42,6 +43,7 @@ class StreamBlock:
         self.columns = [*plan.features, plan.label, *([plan.weight] if plan.weight else [])]
         self._files: dict[str, pq.ParquetFile | DirectRowGroups] = {}
         self.direct_reads: bool | None = None  # whether local files are read around the page cache (None: unread)
+        self._lock = threading.Lock()
         self._group: tuple[str, int, object] | None = None  # the last row group read: windows read in order
         for path in dict.fromkeys(p.path for p in self.pieces):
             self._check_file(path)
@@ -89,7 +91,13 @@ class StreamBlock:
                 np.empty((rows, *self.target_shape), np.float64))
 
     def read_into(self, lo: int, hi: int, out: tuple[np.ndarray, ...], at: int) -> None:
-        """out[k][at:at + hi - lo] = block rows [lo, hi), from the row groups they lie in."""
+        """out[k][at:at + hi - lo] = block rows [lo, hi), from the row groups they lie in. One call at a time:
+        the window reader's thread and `weights` (the training thread, once an epoch) share the open files,
+        the last row group read and a direct reader's buffer."""
+        with self._lock:
+            self._read_into(lo, hi, out, at)
+
+    def _read_into(self, lo: int, hi: int, out: tuple[np.ndarray, ...], at: int) -> None:
         first = int(np.searchsorted(self.starts, lo, side="right")) - 1
         for index in range(max(first, 0), len(self.pieces)):
             begin = int(self.starts[index])
@@ -117,6 +125,10 @@ class StreamBlock:
         raise AssertionError("block_storage=stream reads windows in the chunk order (the driver checks)")
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         self._group = None
         for reader in self._files.values():
             if isinstance(reader, DirectRowGroups):
