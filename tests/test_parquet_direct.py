@@ -51,6 +51,26 @@ def test_row_groups_read_directly_equal_pyarrows_and_leave_no_page_cached(tmp_pa
             reader.close()
 
 
+def test_columns_with_dots_in_their_names_are_read_from_their_own_chunks(tmp_path):
+    path = str(tmp_path / "data.parquet")
+    data = table(300, 5).rename_columns(["x.features", "y", "w.eight"])
+    pq.write_table(data, path, row_group_size=64)
+    reader = DirectRowGroups.open(pafs.LocalFileSystem(), path)
+    assert reader is not None
+    try:
+        for group in range(5):
+            for columns in (["x.features", "y"], ["w.eight"], ["x.features"]):
+                lo, hi = reader._span_of(group, columns)
+                got = reader.read_row_group(group, columns)
+                assert got.equals(pq.ParquetFile(path).read_row_group(group, columns=columns)), (group, columns)
+                chunks = [reader.metadata.row_group(group).column(i) for i in range(3)]
+                wanted = [c for c in chunks if c.path_in_schema.split(".list.")[0] in columns]
+                assert lo == min(c.data_page_offset if c.dictionary_page_offset is None else c.dictionary_page_offset
+                                 for c in wanted)
+    finally:
+        reader.close()
+
+
 def test_files_not_on_the_local_filesystem_are_left_to_pyarrow(tmp_path):
     path = str(tmp_path / "data.parquet")
     pq.write_table(table(10, 4), path)

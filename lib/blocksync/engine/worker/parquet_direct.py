@@ -102,7 +102,9 @@ class DirectRowGroups:
         """The file's byte range [lo, hi) that holds the row group's chunks of `columns`."""
         row_group = self.metadata.row_group(group)
         chunks = [row_group.column(i) for i in range(row_group.num_columns)]
-        chunks = [c for c in chunks if c.path_in_schema.split(".")[0] in columns]
+        # A column's chunks: its own path, or its leaves' (a list's `features.list.element`); names may hold dots.
+        chunks = [c for c in chunks if any(c.path_in_schema == n or c.path_in_schema.startswith(n + ".")
+                                           for n in columns)]
         starts = [min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) for c in chunks]
         return min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True))
 
