@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from blocksync.engine.worker.parquet_direct import DirectRowGroups
+from blocksync.engine.worker.parquet_direct import DirectRowGroups, SpanFile
 from tests.test_direct_io import cached_bytes
 
 
@@ -76,3 +76,18 @@ def test_files_not_on_the_local_filesystem_are_left_to_pyarrow(tmp_path):
     pq.write_table(table(10, 4), path)
     remote_like = pafs.SubTreeFileSystem("/", pafs.LocalFileSystem())  # as HDFS or S3: not LocalFileSystem
     assert DirectRowGroups.open(remote_like, path) is None
+
+
+def test_a_span_file_serves_its_range_from_memory_and_the_rest_from_the_file(tmp_path):
+    path = tmp_path / "bytes"
+    data = bytes(range(256)) * 40
+    path.write_bytes(data)
+    span = SpanFile(str(path), len(data))
+    span.load(4096, memoryview(bytearray(data[4096:8192])))
+    span.seek(5000)
+    assert isinstance(inside := span.read(100), memoryview) and bytes(inside) == data[5000:5100]
+    assert span.tell() == 5100
+    span.seek(-50, 2)  # from the end, outside the range
+    assert span.read() == data[-50:] and span.tell() == len(data)
+    span.seek(4000)  # straddles the range's start
+    assert bytes(span.read(200)) == data[4000:4200]

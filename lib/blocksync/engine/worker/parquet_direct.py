@@ -5,7 +5,7 @@ makes the kernel reclaim another page of the same cgroup: CPU the stream reader 
 thread (`benchmarks/results/memory_limit.md`). Here the byte range that holds a row group's column chunks
 is read in one O_DIRECT read (`direct_io.DirectReads`) into a page-aligned buffer, and pyarrow's own
 Parquet reader decodes the row group from that buffer (`SpanFile` serves its reads), with the file's
-footer the driver already checked. Decoding is pyarrow's: only where the bytes come from changes.
+footer, read once when the file is opened. Decoding is pyarrow's: only where the bytes come from changes.
 
 `DirectRowGroups.open` returns None where this does not apply (a remote filesystem: HDFS, S3 ... read
 through pyarrow as before) or where the filesystem refuses O_DIRECT (logged).
@@ -13,7 +13,6 @@ through pyarrow as before) or where the filesystem refuses O_DIRECT (logged).
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 
@@ -22,8 +21,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from blocksync.engine.worker.direct_io import ALIGN, DirectReads
-
-log = logging.getLogger(__name__)
 
 
 class SpanFile:
@@ -52,7 +49,7 @@ class SpanFile:
             # No copy: the decoded table lives until the next `load`, and the stream reader drops it by then
             # (`StreamBlock._row_group` keeps the last row group's table only).
             return self.span[at:at + n]
-        with open(self.path, "rb") as f:  # not met in practice: the footer comes with the driver's metadata
+        with open(self.path, "rb") as f:  # not met by `DirectRowGroups`, which passes the footer it read
             return os.pread(f.fileno(), n, self.position - n)
 
     def readable(self) -> bool:
