@@ -49,8 +49,8 @@ class ThreadCpu:
 
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                # Python workers run `-m blocksync.daemon pyspark.worker` (or pyspark's own daemon).
-                if not {"pyspark.worker", "pyspark.daemon"} & set(proc.info["cmdline"] or []):
+                # Python workers are forked from `python -m blocksync.daemon` (or pyspark's own daemon).
+                if not {"blocksync.daemon", "pyspark.daemon"} & set(proc.info["cmdline"] or []):
                     continue
                 for t in proc.threads():
                     key = (proc.pid, t.id)
