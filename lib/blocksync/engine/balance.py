@@ -1,5 +1,12 @@
-"""`balance: speed`: block sizes in proportion to each rank's measured step rate (`weighted_sizes`), unless the
-speeds are within `SPEED_TOLERANCE` of each other (`within_tolerance`): then the cut is `even`'s."""
+"""`balance: speed`: block sizes in proportion to each rank's step rate at the local batch it will train with
+(`balanced_speeds`, then `weighted_sizes`), unless the measured speeds are within `SPEED_TOLERANCE` of each other
+(`within_tolerance`): then the cut is `even`'s.
+
+A step's time is not proportional to its rows: the optimizer's update, the forward and backward passes' per-call
+work and the loop's own Python cost are paid once a step, whatever the batch. So a rank's rate at the even batch
+(what the probe times) overstates a slow rank's rate at the smaller batch it gets, and understates a fast one's.
+The probe times two batch sizes to separate the two parts (`step_fixed_seconds`), and the cut equalizes the
+predicted step times."""
 
 from __future__ import annotations
 
@@ -34,16 +41,57 @@ def weighted_sizes(total: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def check_shares(sizes: list[int], steps_per_epoch: int, speeds: list[float], hosts: list[str]) -> None:
+def check_shares(sizes: list[int], steps_per_epoch: int, speeds: list[float], hosts: list[str],
+                 fixed: list[float] | None = None) -> None:
     """Refuse a cut that leaves a rank under one row per step: that rank would idle through whole steps
-    while the others wait for nothing, a sign it should not be in the run at all."""
+    while the others wait for nothing, a sign it should not be in the run at all. With `fixed` step costs,
+    the message gives the starved rank's, and larger batches as a fix (they make it a smaller part of a step)."""
     starved = [r for r, n in enumerate(sizes) if n < steps_per_epoch]
     if not starved:
         return
     r = starved[0]
     fastest = max(speeds)
+    paid = f", and pays {1e3 * fixed[r]:.2f} ms a step whatever its rows" if fixed and fixed[r] > 0 else ""
+    bigger = "raise batch_size, " if fixed and fixed[r] > 0 else ""
     raise ValueError(
         f"balance=speed: rank {r} (on {hosts[r]}) measured {speeds[r]:.0f} rows/s against the fastest rank's "
-        f"{fastest:.0f}, so its share is {sizes[r]} rows for {steps_per_epoch} steps per epoch (under one row per "
-        f"step); lower num_workers, exclude that executor from the cluster, or set balance=even."
+        f"{fastest:.0f}{paid}, so its share is {sizes[r]} rows for {steps_per_epoch} steps per epoch (under one row "
+        f"per step); {bigger}lower num_workers, exclude that executor from the cluster, or set balance=even."
     )
+
+
+def step_fixed_seconds(full_rows: int, full_seconds: float, half_rows: int, half_seconds: float) -> float:
+    """The part of a step's time that does not grow with its rows: the intercept of the line through
+    (half_rows, half_seconds) and (full_rows, full_seconds), two mean step times the probe measured.
+    Clamped to [0, half_seconds]; 0 when the two sizes are equal or the larger one did not take longer
+    (noise), which leaves the cut proportional to the measured rates."""
+    if full_rows <= half_rows or full_seconds <= half_seconds:
+        return 0.0
+    per_row = (full_seconds - half_seconds) / (full_rows - half_rows)
+    return min(max(half_seconds - half_rows * per_row, 0.0), half_seconds)
+
+
+def balanced_speeds(batch: int, probe_rows: int, speeds: list[float], fixed: list[float]) -> list[float]:
+    """Each rank's rows per second at the local batch that gives every rank the same predicted step time.
+
+    The documented rule: rank r's step with b rows takes fixed[r] + b * c[r] seconds, where
+    c[r] = (probe_rows / speeds[r] - fixed[r]) / probe_rows (`speeds` were measured at `probe_rows` rows a
+    step). The local batches b[r] = (T - fixed[r]) / c[r] sum to `batch` when
+    T = (batch + sum(fixed[r] / c[r])) / sum(1 / c[r]), the sums over the ranks whose fixed cost is under T
+    (a rank whose fixed cost alone exceeds T gets ~0, a share `check_shares` then refuses); the result is
+    b[r] / T. With every fixed[r] = 0 it is `speeds` itself (the rule without fixed costs).
+    """
+    if not any(fixed):
+        return list(speeds)  # exactly the proportional rule (checkpoints saved before fixed costs were measured)
+    per_row = [(probe_rows / s - f) / probe_rows for s, f in zip(speeds, fixed, strict=True)]
+    if any(not c > 0 for c in per_row):
+        raise ValueError(f"fixed step costs {fixed} must be under the measured step times ({speeds} rows/s "
+                         f"at {probe_rows} rows)")
+    working = list(range(len(speeds)))
+    while True:
+        step = (batch + sum(fixed[r] / per_row[r] for r in working)) / sum(1 / per_row[r] for r in working)
+        idle = [r for r in working if fixed[r] >= step]
+        if not idle:
+            break
+        working = [r for r in working if r not in idle]
+    return [max((step - f) / c, 1e-12) / step for f, c in zip(fixed, per_row, strict=True)]

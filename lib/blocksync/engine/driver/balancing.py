@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from blocksync.engine import checkpoint
-from blocksync.engine.balance import SPEED_TOLERANCE, check_shares, weighted_sizes, within_tolerance
+from blocksync.engine.balance import (
+    SPEED_TOLERANCE,
+    balanced_speeds,
+    check_shares,
+    weighted_sizes,
+    within_tolerance,
+)
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.inputs import InputSpec
 from blocksync.engine.worker.block_data import steps_per_epoch
@@ -23,10 +29,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Balance:
-    """What `balance: speed` measured and cut: per probe rank (= block), rows per second, host, executor and
-    block rows."""
+    """What `balance: speed` measured and cut: per probe rank (= block), rows per second at the even local batch,
+    the step's fixed seconds, host, executor and block rows."""
 
     speeds: list[float] = field(default_factory=list)
+    fixed_seconds: list[float] = field(default_factory=list)
+    """Per rank, the seconds of a step that do not grow with its rows (`balance.step_fixed_seconds`); empty (all
+    zero) for a checkpoint saved before they were measured, whose cut is then rebuilt as it was made."""
     hosts: list[str] = field(default_factory=list)
     executors: list[str] = field(default_factory=list)
     """The executor (Spark's task address, host:port) each speed was measured on: block b is cut for
@@ -42,27 +51,36 @@ class Balance:
     """`speed`: sizes follow the speeds; `even`: the speeds were within SPEED_TOLERANCE, so the cut is even's."""
 
     def to_dict(self) -> dict:
-        return {"speeds": self.speeds, "hosts": self.hosts, "executors": self.executors, "sizes": self.sizes,
+        return {"speeds": self.speeds, "fixed_seconds": self.fixed_seconds, "hosts": self.hosts,
+                "executors": self.executors, "sizes": self.sizes,
                 "probe_seconds": self.probe_seconds, "probe_start_seconds": self.probe_start_seconds,
                 "source": self.source, "cut": self.cut}
 
 
 def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
             inputs: InputSpec | None, total_rows: int) -> Balance:
-    """One barrier stage of `num_workers` tasks, each timing training steps of the even local batch."""
-    n = config.num_workers
-    batch_rows = max(1, -(-min(config.batch_size, total_rows) // n))
+    """One barrier stage of `num_workers` tasks, each timing training steps of the even local batch and of half
+    of it."""
+    batch_rows = probe_rows(config, total_rows)
     started = time.perf_counter()
     probe = make_probe(config, num_features, num_outputs, inputs, batch_rows, time.time())
+    n = config.num_workers
     rows = spark.range(n, numPartitions=n).mapInArrow(probe, PROBE_SCHEMA_DDL, barrier=True).collect()
     facts = sorted((json.loads(r["payload"]) for r in rows), key=lambda f: f["rank"])
     seconds = time.perf_counter() - started
-    balance = Balance(speeds=[float(f["rows_per_s"]) for f in facts], hosts=[f["host"] for f in facts],
+    balance = Balance(speeds=[float(f["rows_per_s"]) for f in facts],
+                      fixed_seconds=[float(f["fixed_s"]) for f in facts], hosts=[f["host"] for f in facts],
                       executors=[f["executor"] for f in facts], probe_seconds=round(seconds, 4),
                       probe_start_seconds=round(max(f["start_s"] for f in facts), 4))
-    log.info("balance=speed probe (%.2f s, %.2f s of it until the last rank's probe started): rows/s per rank %s",
-             seconds, balance.probe_start_seconds, [round(s) for s in balance.speeds])
+    log.info("balance=speed probe (%.2f s, %.2f s of it until the last rank's probe started): rows/s per rank %s "
+             "at %d rows a step, of which fixed per step (ms) %s", seconds, balance.probe_start_seconds,
+             [round(s) for s in balance.speeds], batch_rows, [round(1e3 * f, 2) for f in balance.fixed_seconds])
     return balance
+
+
+def probe_rows(config: TrainConfig, total_rows: int) -> int:
+    """The even local batch, which the probe times (and half of it)."""
+    return max(1, -(-min(config.batch_size, total_rows) // config.num_workers))
 
 
 def saved(config: TrainConfig) -> Balance | None:
@@ -74,8 +92,8 @@ def saved(config: TrainConfig) -> Balance | None:
     if len(found["speeds"]) != config.num_workers:
         raise ValueError(f"checkpoint {path} was cut for {len(found['speeds'])} workers by balance=speed but "
                          f"num_workers={config.num_workers}; keep num_workers, or use an empty checkpoint.dir.")
-    return Balance(speeds=found["speeds"], hosts=found["hosts"], executors=found.get("executors", []),
-                   source="checkpoint")
+    return Balance(speeds=found["speeds"], fixed_seconds=found.get("fixed_seconds", []), hosts=found["hosts"],
+                   executors=found.get("executors", []), source="checkpoint")
 
 
 def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[float, float, int]], int],
@@ -93,8 +111,12 @@ def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[fl
             log.info("balance=speed: speeds within tolerance, cut even (slowest %.0f rows/s is within %.0f%% of "
                      "the fastest %.0f)", min(balance.speeds), 100 * SPEED_TOLERANCE, max(balance.speeds))
             return None
-        balance.sizes = weighted_sizes(total_rows, balance.speeds)
-        check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts)
+        fixed = balance.fixed_seconds or [0.0] * len(balance.speeds)
+        rates = balanced_speeds(min(config.batch_size, total_rows), probe_rows(config, total_rows), balance.speeds,
+                                fixed)
+        balance.sizes = weighted_sizes(total_rows, rates)
+        check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts,
+                     fixed)
         return balance.sizes
 
     return cut

@@ -112,9 +112,10 @@ def run_metrics(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str,
 def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Per rank: its share of the rows, its compute speed in training (rows per compute second) and its
     idle time in sync (seconds in the collective, mostly waiting for slower ranks); with balance=speed also
-    the probe's speeds, hosts and executors (per block), the cut (`speed`, or `even` when the speeds were
-    within tolerance), the block each rank read and the ranks that trained on another executor than their
-    block was cut for (`misplaced_ranks`, with a warning). The same keys under `even` and `speed` compare runs."""
+    the probe's speeds (rows/s at the even local batch), fixed step costs, hosts and executors (per block),
+    the cut (`speed`, or `even` when the speeds were within tolerance), the block each rank read and the
+    ranks that trained on another executor than their block was cut for (`misplaced_ranks`, with a warning).
+    The same keys under `even` and `speed` compare runs."""
     ordered = sorted(summaries, key=lambda s: s["rank"])
     blocks = [s.get("block", s["rank"]) for s in ordered]
     rows = [plan.block_rows[b] for b in blocks] if plan.block_rows else [s["rows"] for s in ordered]
@@ -130,7 +131,8 @@ def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[
         b = plan.balance
         executors = [s.get("task_address", "") for s in ordered]
         misplaced = placement(b, blocks, executors)
-        out.update(probe_rows_per_s=b["speeds"], probe_hosts=b["hosts"], probe_executors=b.get("executors", []),
+        out.update(probe_rows_per_s=b["speeds"], probe_fixed_seconds=b.get("fixed_seconds") or [],
+                   probe_hosts=b["hosts"], probe_executors=b.get("executors", []),
                    probe_seconds=b["probe_seconds"], probe_start_seconds=b.get("probe_start_seconds", 0.0),
                    speeds_from=b["source"], cut=b.get("cut", "speed"),
                    cut_reason=(f"speeds within tolerance ({100 * SPEED_TOLERANCE:.0f}%), cut even"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from blocksync.engine.balance import step_fixed_seconds
 from blocksync.engine.config import TrainConfig
 from blocksync.engine.inputs import InputSpec
 from blocksync.engine.losses import import_loss, loss_sum
@@ -20,19 +22,26 @@ from blocksync.engine.worker.trainer import straggle
 
 PROBE_SCHEMA_DDL = "payload string"
 WARMUP_STEPS = 2
+MIN_STEPS = 5
+"""Steps of each of the probe's two batch sizes, at least, for their medians."""
 WINDOW_SECONDS = 0.25
 """Each rank times steps for this long (at least one step): long enough that the ranks' windows overlap (they
 start together, in one stage) and that a CPU cap's throttling periods
 (cfs_period_us, 100 ms by default) average out over several of them."""
 
 
-def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
-               batch_rows: int, rank: int) -> float:
-    """Rows per second of forward, backward and the configured optimizer's step on `batch_rows` synthetic rows, as
-    rank `rank` (a `faults.slow_rank` straggles here as in training). Two warm-up steps, then steps for
-    WINDOW_SECONDS. The rate is rows over the window's whole time, not a median step's: under a CPU cap the
-    steps that fall in a throttled part of a period take the time the cap removes, and a median of short steps
-    would skip them."""
+def probe_costs(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
+                batch_rows: int, rank: int) -> tuple[float, float]:
+    """(rows per second at `batch_rows`, the step's fixed seconds) of forward, backward and the configured
+    optimizer's step on synthetic rows, as rank `rank` (a `faults.slow_rank` straggles here as in training).
+
+    Steps alternate between `batch_rows` and half as many rows, so both sizes share the window's conditions;
+    two warm-up steps, then steps for WINDOW_SECONDS and at least MIN_STEPS of each size. The rate is rows over
+    the mean step time, not a median's: under a CPU cap the steps that fall in a throttled part of a period
+    take the time the cap removes, and a median of short steps would skip them. The fixed part is the intercept
+    of the line through the two sizes' median step times (`balance.step_fixed_seconds`), as a fraction of the
+    median full step, times the mean: a cap stretches a step's fixed and per-row work alike, and medians keep
+    a throttled step from passing for a step's own cost."""
     torch.manual_seed(config.seed)
     model = build_model(config.model, num_features, num_outputs, inputs)
     optimizer = build_optimizer(model, config)
@@ -44,26 +53,30 @@ def probe_rate(config: TrainConfig, num_features: int, num_outputs: int, inputs:
     custom = import_loss(config.loss) if config.loss else None
     slow = config.faults.slow_rank == rank
     factor, extra = (config.faults.slow_factor, config.faults.slow_ms / 1000.0) if slow else (1.0, 0.0)
-    steps, timed = 0, 0.0
+    sizes = (batch_rows, max(1, batch_rows // 2))
+    times: tuple[list[float], list[float]] = ([], [])
     i = 0
-    while timed < WINDOW_SECONDS:
+    while sum(map(sum, times)) < WINDOW_SECONDS or min(map(len, times)) < MIN_STEPS:
+        rows = sizes[i % 2]
         t0 = time.perf_counter()
         optimizer.zero_grad()
-        out = model(x if inputs is None else inputs.model_input(x, ids))
-        loss_sum(out.float(), y, config.task, None, custom, config.label_smoothing).backward()
+        out = model(x[:rows] if inputs is None else inputs.model_input(x[:rows], ids[:rows]))
+        loss_sum(out.float(), y[:rows], config.task, None, custom, config.label_smoothing).backward()
         optimizer.step()
         straggle(time.perf_counter() - t0, factor, extra)
         if i >= WARMUP_STEPS:
-            steps, timed = steps + 1, timed + time.perf_counter() - t0
+            times[i % 2].append(time.perf_counter() - t0)
         i += 1
-    return batch_rows * steps / max(timed, 1e-9)
+    full, half = statistics.median(times[0]), statistics.median(times[1])
+    mean_full = statistics.fmean(times[0])
+    return batch_rows / mean_full, mean_full * step_fixed_seconds(sizes[0], full, sizes[1], half) / full
 
 
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
                batch_rows: int, launched_at: float):
     """The barrier task function: every rank measures at the same time (so they contend for the hosts as
     they will in training: the stage starts them together, and no `barrier()` is waited for, which would cost
-    Spark's barrier round trip, most of a second) and returns one row: {"rank", "host", "rows_per_s",
+    Spark's barrier round trip, most of a second) and returns one row: {"rank", "host", "rows_per_s", "fixed_s",
     "executor" (the task's address, which tells executors on one host apart), "start_s"}: from `launched_at`
     (time.time() as the driver submits the stage) to the function's first line: Spark's scheduling, the Python
     worker's fork and its imports of blocksync and torch, which a reused worker does not pay again in training."""
@@ -78,8 +91,8 @@ def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs:
         rank = ctx.partitionId()
         threads = config.threads_per_worker or max(1, int(ctx.cpus()) if hasattr(ctx, "cpus") else 1)
         torch.set_num_threads(threads)
-        rate = probe_rate(config, num_features, num_outputs, inputs, batch_rows, rank)
-        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate,
+        rate, fixed = probe_costs(config, num_features, num_outputs, inputs, batch_rows, rank)
+        fact: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "rows_per_s": rate, "fixed_s": fixed,
                                 "executor": ctx.getTaskInfos()[rank].address, "start_s": start_s}
         yield pa.RecordBatch.from_pylist([{"payload": json.dumps(fact)}])
 

@@ -445,7 +445,8 @@ class Trainer:
             zero=None if self.sharded is None else (
                 {"num_params": self.sharded.layout.num_params, "num_shards": self.sharded.layout.num_shards},
                 self.sharded.index, self.sharded.state()),
-            balance={k: self.plan.balance[k] for k in ("speeds", "hosts", "executors", "cut", "block_of_rank")
+            balance={k: self.plan.balance[k] for k in ("speeds", "fixed_seconds", "hosts", "executors", "cut",
+                                                      "block_of_rank")
                      if k in self.plan.balance} if self.plan.balance else None,
         )
 
