@@ -87,8 +87,10 @@ def _on_cluster(tmp: Path, data: str, workers: int, parent: Path) -> list[dict]:
             proc = cluster.submit(str(REPO / "benchmarks" / "balance_job.py"), data, str(out), json.dumps(params),
                                   conf={**CONF, "spark.cores.max": str(workers)}, timeout=3000)
             if proc.returncode != 0 or not out.exists():
+                # The Python error, not only the tail of Spark's INFO lines that follow it.
+                error = proc.stderr[proc.stderr.rfind("Traceback"):][:3000] if "Traceback" in proc.stderr else ""
                 raise RuntimeError(f"balance job on {workers} workers failed (exit {proc.returncode}):\n"
-                                   f"{proc.stderr[-3000:]}")
+                                   f"{proc.stdout[-1500:]}\n{error}\n...\n{proc.stderr[-1500:]}")
             print(proc.stdout, flush=True)
             return json.loads(out.read_text())
         finally:

@@ -196,9 +196,11 @@ class TrainConfig:
     balance: BalanceMode = "even"
     """How many rows each block gets. `even`: sizes differ by at most one row. `speed`: before the blocks are
     cut, a short barrier stage times every rank's training steps on synthetic batches of the real shapes
-    (the `probe` start-up phase) and block sizes follow the measured rows per second (largest remainders,
-    `engine.balance.weighted_sizes`); local batches follow block sizes, so each step's global batch keeps
-    its size and a slower rank gets fewer rows per step. Speeds within 10% of each other cut exactly as
+    (the `probe` start-up phase) at two batch sizes, and block sizes follow the rows per second each rank
+    is predicted at the batch that equalizes the predicted step times (a fixed cost a step plus a cost a
+    row: `engine.balance.balanced_speeds`; largest remainders, `engine.balance.weighted_sizes`); local
+    batches follow block sizes, so each step's global batch keeps its size and a slower rank gets fewer rows
+    per step. Speeds within 10% of each other cut exactly as
     `even` (`engine.balance.SPEED_TOLERANCE`). With blocks=files each rank reads the block cut for the executor
     it runs on (Spark may place the probe's task i elsewhere than training's); with blocks=shuffle a rank on
     another executor is named (`balance.misplaced_ranks`). Saved with checkpoints: a relaunch cuts the same."""

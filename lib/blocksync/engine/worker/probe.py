@@ -37,11 +37,13 @@ def probe_costs(config: TrainConfig, num_features: int, num_outputs: int, inputs
 
     Steps alternate between `batch_rows` and half as many rows, so both sizes share the window's conditions;
     two warm-up steps, then steps for WINDOW_SECONDS and at least MIN_STEPS of each size. The rate is rows over
-    the mean step time, not a median's: under a CPU cap the steps that fall in a throttled part of a period
-    take the time the cap removes, and a median of short steps would skip them. The fixed part is the intercept
-    of the line through the two sizes' median step times (`balance.step_fixed_seconds`), as a fraction of the
-    median full step, times the mean: a cap stretches a step's fixed and per-row work alike, and medians keep
-    a throttled step from passing for a step's own cost."""
+    the mean step time at `batch_rows`, not a median's: under a CPU cap the steps that fall in a throttled part
+    of a period take the time the cap removes, and a median of short steps would skip them. The fixed part is
+    a fraction of that mean step: the intercept of the line through the two sizes' mean CPU seconds a step
+    (`balance.step_fixed_seconds`) over the full size's. CPU time, because a cap's throttling and other
+    processes' time slices land on whichever step is running and would bend the line (a half step that fits a
+    period's quota is never throttled, a full one is), while a cap or a slower core stretches a step's fixed
+    and per-row work alike."""
     torch.manual_seed(config.seed)
     model = build_model(config.model, num_features, num_outputs, inputs)
     optimizer = build_optimizer(model, config)
@@ -55,21 +57,24 @@ def probe_costs(config: TrainConfig, num_features: int, num_outputs: int, inputs
     factor, extra = (config.faults.slow_factor, config.faults.slow_ms / 1000.0) if slow else (1.0, 0.0)
     sizes = (batch_rows, max(1, batch_rows // 2))
     times: tuple[list[float], list[float]] = ([], [])
+    cpu: tuple[list[float], list[float]] = ([], [])
     i = 0
     while sum(map(sum, times)) < WINDOW_SECONDS or min(map(len, times)) < MIN_STEPS:
         rows = sizes[i % 2]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         out = model(x[:rows] if inputs is None else inputs.model_input(x[:rows], ids[:rows]))
         loss_sum(out.float(), y[:rows], config.task, None, custom, config.label_smoothing).backward()
         optimizer.step()
+        cpu_seconds = time.process_time() - c0  # before the straggler's sleep, which stretches it like a cap
         straggle(time.perf_counter() - t0, factor, extra)
         if i >= WARMUP_STEPS:
             times[i % 2].append(time.perf_counter() - t0)
+            cpu[i % 2].append(cpu_seconds)
         i += 1
-    full, half = statistics.median(times[0]), statistics.median(times[1])
-    mean_full = statistics.fmean(times[0])
-    return batch_rows / mean_full, mean_full * step_fixed_seconds(sizes[0], full, sizes[1], half) / full
+    step = statistics.fmean(times[0])
+    full_cpu, half_cpu = statistics.fmean(cpu[0]), statistics.fmean(cpu[1])
+    return batch_rows / step, step * step_fixed_seconds(sizes[0], full_cpu, sizes[1], half_cpu) / full_cpu
 
 
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
