@@ -10,8 +10,10 @@ contention, set each rank's pace.
 
 The job (`balance_job.py`, one Spark application per N): `train_files` on ROWS synthetic rows x 64
 features, blocksync's `mlp` (64 -> 256 -> 256 -> 2), Adam, a global batch of 4,096, 4 epochs, torch_gloo,
-one torch thread per rank. Each round runs `none` (equal caps, balance=even), then per case `even` and
-`speed` (the case's caps), REPETITIONS rounds, alternating. Reported: medians of metrics.json
+one torch thread per rank. Each round runs `none` (equal caps, balance=even), then per case `even`, `speed`
+and `proportional` (the case's caps; `proportional` is balance=speed cut in proportion to the probe's rates
+at the even batch, the rule before the cut modelled a step's fixed cost), REPETITIONS rounds, alternating.
+Reported: medians of metrics.json
 `samples_per_sec` (the training loop; the probe's cost, `probe_seconds`, beside it), each contender over
 `none`, and the capacity bound sum(shares) / N (a balanced run can at best use the capacity there is:
 0.75 at N=2 and 0.875 at N=4 with one worker at half its share) with the fraction of it speed reaches.
@@ -38,6 +40,9 @@ CAPACITY_CORES = 1.8
 PERIOD_US = 10_000
 CASES = {2: {"one slow": [0.5, 1.0]}, 4: {"one slow": [0.5, 1.0, 1.0, 1.0], "mixed": [0.5, 0.75, 1.0, 1.0]}}
 """Per N, per case: each worker's share of an equal machine's capacity (worker 0 is the slow one)."""
+CONTENDERS = ("even", "speed", "proportional")
+"""Per case, alternating: balance=even, balance=speed, and balance=speed cut in proportion to the probe's rates
+at the even batch (the rule before the cut modelled a step's fixed cost; `balance_job.one`)."""
 REPETITIONS = int(os.environ.get("BLOCKSYNC_BENCH_REPETITIONS", "3"))
 CONF = {"spark.executor.cores": "1", "spark.task.cpus": "1", "spark.executor.memory": "1g",
         "spark.driver.memory": "2g", "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
@@ -65,7 +70,7 @@ def _schedule(workers: int) -> list[dict]:
         rounds.append({"case": "none", "contender": "none", "cores": equal})
         for case, shares in CASES[workers].items():
             cores = [s * CAPACITY_CORES / workers for s in shares]
-            rounds += [{"case": case, "contender": c, "cores": cores} for c in ("even", "speed")]
+            rounds += [{"case": case, "contender": c, "cores": cores} for c in CONTENDERS]
     return rounds
 
 
@@ -105,12 +110,14 @@ def summarize(workers: int, runs: list[dict]) -> list[dict]:
     out = []
     for case, shares in CASES[workers].items():
         rate = {c: median([r["samples_per_sec"] for r in runs if r["case"] == case and r["contender"] == c])
-                for c in ("even", "speed")}
+                for c in CONTENDERS}
         speed_runs = [r for r in runs if r["case"] == case and r["contender"] == "speed"]
         bound = sum(shares) / workers
         out.append({
             "num_workers": workers, "case": case, "shares": shares, "none": none, **rate,
             "even_vs_none": rate["even"] / none, "speed_vs_none": rate["speed"] / none, "bound": bound,
+            "proportional_vs_none": rate["proportional"] / none,
+            "speed_vs_proportional": rate["speed"] / rate["proportional"],
             "fraction_of_bound": rate["speed"] / none / bound,
             "probe_seconds": median([r["probe_seconds"] for r in speed_runs]),
             "placed_elsewhere": sum(r["block_of_rank"] != list(range(workers)) for r in speed_runs),
@@ -144,13 +151,14 @@ def markdown(results: list[dict]) -> str:
     lines = ["# balance: slower machines (per-worker CPU caps), balance=even vs speed vs equal machines", "",
              f"Standalone cluster, one executor per worker, each worker in a cgroup of {CAPACITY_CORES:g} / N cores x "
              "its share; medians of samples/s; bound = sum(shares) / N.", "",
-             "| N | case | shares | none samples/s | even (x none) | speed (x none) | bound | speed / bound | "
-             "speed blocks | probe s | placed elsewhere / misplaced |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| N | case | shares | none samples/s | even (x none) | speed (x none) | proportional (x none) | "
+             "speed / proportional | bound | speed / bound | speed blocks | probe s | placed elsewhere / misplaced |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in results:
         lines.append(
             f"| {c['num_workers']} | {c['case']} | {c['shares']} | {c['none']:,.0f} | {c['even']:,.0f} "
-            f"({c['even_vs_none']:.2f}x) | {c['speed']:,.0f} ({c['speed_vs_none']:.2f}x) | {c['bound']:.3f} | "
+            f"({c['even_vs_none']:.2f}x) | {c['speed']:,.0f} ({c['speed_vs_none']:.2f}x) | {c['proportional']:,.0f} "
+            f"({c['proportional_vs_none']:.2f}x) | {c['speed_vs_proportional']:.2f} | {c['bound']:.3f} | "
             f"{c['fraction_of_bound']:.0%} | {c['block_sizes']} | {c['probe_seconds']:.2f} | "
             f"{c['placed_elsewhere']} of {c['speed_runs']} / {c['misplaced_ranks']} |")
     return "\n".join(lines) + "\n"

@@ -8,14 +8,17 @@ metrics.json says. The first run is a warm-up without caps (Python workers start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 from pyspark.sql import SparkSession
 
 from blocksync import ModelSpec, TrainConfig, train_files
+from blocksync.engine.driver import balancing
 
 EPOCHS = 4
 BATCH = 4096
@@ -29,11 +32,17 @@ def cap(cgroups: list[str], cores: list[float] | None, period_us: int) -> None:
 
 
 def one(spark: SparkSession, data: str, workers: int, contender: str) -> dict:
+    """`none` and `even`: balance=even; `speed`: balance=speed; `proportional`: balance=speed cut by the rule
+    before fixed step costs (blocks in proportion to the rates at the even batch), the baseline of the cut's
+    step-time model: the driver's `balanced_speeds` returns the measured rates as they are."""
+    probed = contender in ("speed", "proportional")
     cfg = TrainConfig(num_workers=workers, backend="torch_gloo", epochs=EPOCHS, batch_size=BATCH,
                       threads_per_worker=1, model=ModelSpec(name="mlp", hidden=[256, 256]), optimizer="adam",
-                      balance="speed" if contender == "speed" else "even", check_every=0)
+                      balance="speed" if probed else "even", check_every=0)
     started = time.perf_counter()
-    result = train_files(spark, data, cfg)
+    with mock.patch.object(balancing, "balanced_speeds", lambda batch, rows, speeds, fixed: list(speeds)) \
+            if contender == "proportional" else contextlib.nullcontext():
+        result = train_files(spark, data, cfg)
     m, b = result.metrics, result.metrics["balance"]
     return {"samples_per_sec": m["samples_per_sec"], "train_seconds": m["train_seconds"],
             "wall_seconds": time.perf_counter() - started, "block_sizes": result.block_sizes,
@@ -41,7 +50,7 @@ def one(spark: SparkSession, data: str, workers: int, contender: str) -> dict:
             "train_executors": [s["task_address"] for s in result.rank_summaries],
             **({k: b[k] for k in ("probe_rows_per_s", "probe_fixed_seconds", "probe_executors", "block_of_rank",
                                   "misplaced_ranks",
-                                  "cut", "probe_seconds")} if contender == "speed" else {})}
+                                  "cut", "probe_seconds")} if probed else {})}
 
 
 def main() -> None:
