@@ -125,6 +125,24 @@ def test_a_rank_under_one_row_per_step_is_named_with_the_fix():
         check_shares(sizes, 7, speeds, ["a", "b"], fixed)
 
 
+def test_a_probe_that_starves_a_rank_is_taken_again_before_refusing(monkeypatch):
+    config = cfg(batch_size=2048)
+    starving = dict(speeds=[60_000.0, 14_000.0], fixed_seconds=[0.004, 0.05], hosts=["a", "b"], probe_seconds=1.0)
+    fine = dict(speeds=[60_000.0, 30_000.0], fixed_seconds=[0.004, 0.008], hosts=["a", "b"], probe_seconds=1.5)
+    for second, refused in ((fine, False), (starving, True)):
+        probes = iter([Balance(**starving), Balance(**second)])
+        monkeypatch.setattr(balancing, "measure", lambda *args: next(probes))  # noqa: B023
+        chosen: list[Balance] = []
+        cut = balancing.cutter(None, config, lambda labels: 2, chosen)
+        if refused:
+            with pytest.raises(ValueError, match=r"rank 1 \(on b\) measured 14000 rows/s .* pays 50.00 ms a step"):
+                cut(8, (0.0, 1.0, 2), None, 8192)
+            continue
+        sizes = cut(8, (0.0, 1.0, 2), None, 8192)
+        assert sizes == rule_sizes(8192, rule_rates(2048, 1024, fine["speeds"], fine["fixed_seconds"]))
+        assert chosen[0].probes == 2 and chosen[0].probe_seconds == 2.5 and chosen[0].speeds == fine["speeds"]
+
+
 def test_slow_factor_is_validated_and_stretches_compute():
     with pytest.raises(ValueError, match=r"faults.slow_factor=0.5 must be >= 1 \(2: the rank computes at half"):
         TrainConfig(faults={"slow_rank": 0, "slow_factor": 0.5})

@@ -49,12 +49,14 @@ class Balance:
     """`probe`: measured now; `checkpoint`: the speeds saved with the checkpoint this run resumes."""
     cut: str = "speed"
     """`speed`: sizes follow the speeds; `even`: the speeds were within SPEED_TOLERANCE, so the cut is even's."""
+    probes: int = 1
+    """Probe stages run: 2 when the first left a rank under one row per step (measured again before refusing)."""
 
     def to_dict(self) -> dict:
         return {"speeds": self.speeds, "fixed_seconds": self.fixed_seconds, "hosts": self.hosts,
                 "executors": self.executors, "sizes": self.sizes,
                 "probe_seconds": self.probe_seconds, "probe_start_seconds": self.probe_start_seconds,
-                "source": self.source, "cut": self.cut}
+                "source": self.source, "cut": self.cut, "probes": self.probes}
 
 
 def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
@@ -104,22 +106,45 @@ def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[fl
 
     def cut(num_features: int, labels: tuple | None, inputs: InputSpec | None, total_rows: int) -> list[int] | None:
         assert labels is not None, "make_blocks and plan_shards pass the label facts they found"
-        balance = saved(config) or measure(spark, config, num_features, outputs(labels), inputs, total_rows)
+        balance = saved(config)
+        if balance is None:
+            balance = measure(spark, config, num_features, outputs(labels), inputs, total_rows)
+            starved = _starved(balance, config, total_rows)
+            if starved is not None:
+                # One probe can catch a rank at a bad moment (other tasks still starting on its cores); a rank
+                # starved twice is refused below, by name.
+                log.warning("balance=speed: the probe left rank %d under one row per step (%.0f rows/s against the "
+                            "fastest %.0f); probing once more", starved, balance.speeds[starved], max(balance.speeds))
+                first_seconds = balance.probe_seconds
+                balance = measure(spark, config, num_features, outputs(labels), inputs, total_rows)
+                balance.probes, balance.probe_seconds = 2, round(first_seconds + balance.probe_seconds, 4)
         chosen.append(balance)
         if within_tolerance(balance.speeds):
             balance.cut = "even"
             log.info("balance=speed: speeds within tolerance, cut even (slowest %.0f rows/s is within %.0f%% of "
                      "the fastest %.0f)", min(balance.speeds), 100 * SPEED_TOLERANCE, max(balance.speeds))
             return None
-        fixed = balance.fixed_seconds or [0.0] * len(balance.speeds)
-        rates = balanced_speeds(min(config.batch_size, total_rows), probe_rows(config, total_rows), balance.speeds,
-                                fixed)
-        balance.sizes = weighted_sizes(total_rows, rates)
+        balance.sizes = _sizes(balance, config, total_rows)
         check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts,
-                     fixed)
+                     balance.fixed_seconds)
         return balance.sizes
 
     return cut
+
+
+def _sizes(balance: Balance, config: TrainConfig, total_rows: int) -> list[int]:
+    """The block sizes the measured speeds and fixed step costs give (`balanced_speeds`, `weighted_sizes`)."""
+    fixed = balance.fixed_seconds or [0.0] * len(balance.speeds)
+    rates = balanced_speeds(min(config.batch_size, total_rows), probe_rows(config, total_rows), balance.speeds, fixed)
+    return weighted_sizes(total_rows, rates)
+
+
+def _starved(balance: Balance, config: TrainConfig, total_rows: int) -> int | None:
+    """The first rank a cut by these speeds would leave under one row per step, if any (none when they cut even)."""
+    if within_tolerance(balance.speeds):
+        return None
+    steps = steps_per_epoch(total_rows, config.batch_size)
+    return next((r for r, n in enumerate(_sizes(balance, config, total_rows)) if n < steps), None)
 
 
 def placement(balance: dict, block_of_rank: list[int], train_executors: list[str]) -> list[int]:
