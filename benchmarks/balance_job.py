@@ -48,9 +48,8 @@ def one(spark: SparkSession, data: str, workers: int, contender: str) -> dict:
             "wall_seconds": time.perf_counter() - started, "block_sizes": result.block_sizes,
             "sync_idle_seconds": b["sync_idle_seconds"], "train_rows_per_s": b["train_rows_per_s"],
             "train_executors": [s["task_address"] for s in result.rank_summaries],
-            **({k: b[k] for k in ("probe_rows_per_s", "probe_fixed_seconds", "probes", "probe_executors", "block_of_rank",
-                                  "misplaced_ranks",
-                                  "cut", "probe_seconds")} if probed else {})}
+            **({k: b[k] for k in ("probe_rows_per_s", "probe_fixed_seconds", "probes", "probe_executors",
+                                  "block_of_rank", "misplaced_ranks", "cut", "probe_seconds")} if probed else {})}
 
 
 def main() -> None:

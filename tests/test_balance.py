@@ -12,6 +12,7 @@ from blocksync.engine import checkpoint
 from blocksync.engine.balance import (
     balanced_speeds,
     check_shares,
+    shared_fixed_seconds,
     step_fixed_seconds,
     weighted_sizes,
     within_tolerance,
@@ -57,6 +58,21 @@ def rule_rates(batch: int, probe_rows: int, speeds: list[float], fixed: list[flo
         rows = sum(max(mid - f, 0.0) / c for f, c in zip(fixed, per_row, strict=True))
         lo, hi = (mid, hi) if rows < batch else (lo, mid)
     return [max(lo - f, 0.0) / c / lo for f, c in zip(fixed, per_row, strict=True)]
+
+
+def rule_cut_rates(batch: int, probe_rows: int, speeds: list[float], fixed: list[float]) -> list[float]:
+    """`rule_rates` on the fixed costs the README's rule shares out: the fastest rank's fixed fraction of its
+    step (ties: the lower rank), times each rank's own step at `probe_rows` rows."""
+    fastest = sorted(range(len(speeds)), key=lambda r: (-speeds[r], r))[0]
+    fraction = fixed[fastest] / (probe_rows / speeds[fastest])
+    return rule_rates(batch, probe_rows, speeds, [fraction * probe_rows / s for s in speeds])
+
+
+def test_every_rank_takes_the_fastest_ranks_fixed_fraction():
+    # The fastest rank (rank 1) spends 20% of its 10 ms step on fixed work; the others are charged 20% of theirs.
+    fixed = shared_fixed_seconds(1000, [50_000.0, 100_000.0, 25_000.0], [0.01, 0.002, 0.0])
+    assert fixed == pytest.approx([0.004, 0.002, 0.008])
+    assert shared_fixed_seconds(1000, [100_000.0, 100_000.0], [0.003, 0.001]) == pytest.approx([0.003, 0.003])
 
 
 def test_the_fixed_part_of_a_step_is_the_intercept_of_two_sizes():
@@ -127,7 +143,8 @@ def test_a_rank_under_one_row_per_step_is_named_with_the_fix():
 
 def test_a_probe_that_starves_a_rank_is_taken_again_before_refusing(monkeypatch):
     config = cfg(batch_size=2048)
-    starving = dict(speeds=[60_000.0, 14_000.0], fixed_seconds=[0.004, 0.05], hosts=["a", "b"], probe_seconds=1.0)
+    # The fastest rank's step is 70% fixed cost, so a 10x slower rank pays 120 ms a step, over the balanced step.
+    starving = dict(speeds=[60_000.0, 6_000.0], fixed_seconds=[0.012, 0.05], hosts=["a", "b"], probe_seconds=1.0)
     fine = dict(speeds=[60_000.0, 30_000.0], fixed_seconds=[0.004, 0.008], hosts=["a", "b"], probe_seconds=1.5)
     for second, refused in ((fine, False), (starving, True)):
         probes = iter([Balance(**starving), Balance(**second)])
@@ -135,11 +152,11 @@ def test_a_probe_that_starves_a_rank_is_taken_again_before_refusing(monkeypatch)
         chosen: list[Balance] = []
         cut = balancing.cutter(None, config, lambda labels: 2, chosen)
         if refused:
-            with pytest.raises(ValueError, match=r"rank 1 \(on b\) measured 14000 rows/s .* pays 50.00 ms a step"):
+            with pytest.raises(ValueError, match=r"rank 1 \(on b\) measured 6000 rows/s .* pays 120.00 ms a step"):
                 cut(8, (0.0, 1.0, 2), None, 8192)
             continue
         sizes = cut(8, (0.0, 1.0, 2), None, 8192)
-        assert sizes == rule_sizes(8192, rule_rates(2048, 1024, fine["speeds"], fine["fixed_seconds"]))
+        assert sizes == rule_sizes(8192, rule_cut_rates(2048, 1024, fine["speeds"], fine["fixed_seconds"]))
         assert chosen[0].probes == 2 and chosen[0].probe_seconds == 2.5 and chosen[0].speeds == fine["speeds"]
 
 
@@ -209,7 +226,7 @@ def measured_speeds(monkeypatch) -> list[int]:
     the documented rules give for the 203 rows at a global batch of 32 (the probe's 16 rows a rank)."""
     monkeypatch.setattr(balancing, "measure", lambda *args: Balance(**MEASURED, hosts=["h", "h"],
                                                                     executors=["driver", "driver"]))
-    sizes = rule_sizes(203, rule_rates(32, 16, MEASURED["speeds"], MEASURED["fixed_seconds"]))
+    sizes = rule_sizes(203, rule_cut_rates(32, 16, MEASURED["speeds"], MEASURED["fixed_seconds"]))
     assert sizes != rule_sizes(203, MEASURED["speeds"])  # the fixed costs move the cut off the proportional one
     return sizes
 
@@ -269,7 +286,7 @@ def test_train_on_a_dataframe_cuts_by_the_probe(spark):
     speeds, fixed = balance["probe_rows_per_s"], balance["probe_fixed_seconds"]
     assert speeds[1] < 0.75 * speeds[0], speeds  # the 3x slower rank measured slower
     assert all(0.0 <= f < 1024 / s for f, s in zip(fixed, speeds, strict=True)), (fixed, speeds)
-    assert result.block_sizes == rule_sizes(4096, rule_rates(2048, 1024, speeds, fixed))
+    assert result.block_sizes == rule_sizes(4096, rule_cut_rates(2048, 1024, speeds, fixed))
     assert result.block_sizes[1] < result.block_sizes[0]
     phases = result.metrics["startup_phases"]
     assert 0 < phases["probe_start_s"] < phases["probe_s"] < 30

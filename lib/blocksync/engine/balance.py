@@ -6,7 +6,7 @@ A step's time is not proportional to its rows: the optimizer's update, the forwa
 work and the loop's own Python cost are paid once a step, whatever the batch. So a rank's rate at the even batch
 (what the probe times) overstates a slow rank's rate at the smaller batch it gets, and understates a fast one's.
 The probe times two batch sizes to separate the two parts (`step_fixed_seconds`), and the cut equalizes the
-predicted step times."""
+predicted step times (`shared_fixed_seconds`, then `balanced_speeds`)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,17 @@ def step_fixed_seconds(full_rows: int, full_seconds: float, half_rows: int, half
         return 0.0
     per_row = (full_seconds - half_seconds) / (full_rows - half_rows)
     return min(max(half_seconds - half_rows * per_row, 0.0), half_seconds)
+
+
+def shared_fixed_seconds(probe_rows: int, speeds: list[float], fixed: list[float]) -> list[float]:
+    """Every rank's fixed seconds a step, taken as the same fraction of its step at `probe_rows` rows: the
+    fraction the fastest rank measured (the lowest rank among equals). A slower machine, or a CPU cap, is slower
+    at the fixed and the per-row work alike, so the fraction is the model's and the batch's, not the rank's; and
+    the fastest rank's steps are the least disturbed (a cap's throttling and other tasks' time slices left
+    capped ranks measuring fractions up to 0.5 where uncapped ones measured 0.2, which starved them)."""
+    fastest = max(range(len(speeds)), key=lambda r: (speeds[r], -r))
+    fraction = fixed[fastest] * speeds[fastest] / probe_rows
+    return [fraction * probe_rows / s for s in speeds]
 
 
 def balanced_speeds(batch: int, probe_rows: int, speeds: list[float], fixed: list[float]) -> list[float]:

@@ -16,6 +16,7 @@ from blocksync.engine.balance import (
     SPEED_TOLERANCE,
     balanced_speeds,
     check_shares,
+    shared_fixed_seconds,
     weighted_sizes,
     within_tolerance,
 )
@@ -126,7 +127,8 @@ def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[fl
             return None
         balance.sizes = _sizes(balance, config, total_rows)
         check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts,
-                     balance.fixed_seconds)
+                     shared_fixed_seconds(probe_rows(config, total_rows), balance.speeds, balance.fixed_seconds)
+                     if balance.fixed_seconds else None)
         return balance.sizes
 
     return cut
@@ -134,9 +136,9 @@ def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[fl
 
 def _sizes(balance: Balance, config: TrainConfig, total_rows: int) -> list[int]:
     """The block sizes the measured speeds and fixed step costs give (`balanced_speeds`, `weighted_sizes`)."""
-    fixed = balance.fixed_seconds or [0.0] * len(balance.speeds)
-    rates = balanced_speeds(min(config.batch_size, total_rows), probe_rows(config, total_rows), balance.speeds, fixed)
-    return weighted_sizes(total_rows, rates)
+    rows = probe_rows(config, total_rows)
+    fixed = shared_fixed_seconds(rows, balance.speeds, balance.fixed_seconds or [0.0] * len(balance.speeds))
+    return weighted_sizes(total_rows, balanced_speeds(min(config.batch_size, total_rows), rows, balance.speeds, fixed))
 
 
 def _starved(balance: Balance, config: TrainConfig, total_rows: int) -> int | None:

@@ -23,11 +23,11 @@ from blocksync.engine.worker.trainer import straggle
 PROBE_SCHEMA_DDL = "payload string"
 WARMUP_STEPS = 2
 MIN_STEPS = 5
-"""Steps of each of the probe's two batch sizes, at least, for their medians."""
+"""Steps of each of the probe's two batch sizes, at least, for their means."""
 WINDOW_SECONDS = 0.25
-"""Each rank times steps for this long (at least one step): long enough that the ranks' windows overlap (they
-start together, in one stage) and that a CPU cap's throttling periods
-(cfs_period_us, 100 ms by default) average out over several of them."""
+"""Each rank times steps for this long (at least MIN_STEPS of each size): long enough that the ranks' windows
+overlap (they start together, in one stage) and that a CPU cap's throttling periods (cfs_period_us, 100 ms by
+default) average out over several of them."""
 
 
 def probe_costs(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
@@ -74,7 +74,8 @@ def probe_costs(config: TrainConfig, num_features: int, num_outputs: int, inputs
         i += 1
     step = statistics.fmean(times[0])
     full_cpu, half_cpu = statistics.fmean(cpu[0]), statistics.fmean(cpu[1])
-    return batch_rows / step, step * step_fixed_seconds(sizes[0], full_cpu, sizes[1], half_cpu) / full_cpu
+    fixed = step_fixed_seconds(sizes[0], full_cpu, sizes[1], half_cpu) / full_cpu if full_cpu > 0 else 0.0
+    return batch_rows / step, step * fixed
 
 
 def make_probe(config: TrainConfig, num_features: int, num_outputs: int, inputs: InputSpec | None,
