@@ -24,7 +24,7 @@ PROBE_SCHEMA_DDL = "payload string"
 WARMUP_STEPS = 2
 MIN_STEPS = 5
 """Steps of each of the probe's two batch sizes, at least, for their means."""
-WINDOW_SECONDS = 0.25
+WINDOW_SECONDS = 0.5
 """Each rank times steps for this long (at least MIN_STEPS of each size): long enough that the ranks' windows
 overlap (they start together, in one stage) and that a CPU cap's throttling periods (cfs_period_us, 100 ms by
 default) average out over several of them."""
