@@ -6,7 +6,9 @@ A step's time is not proportional to its rows: the optimizer's update, the forwa
 work and the loop's own Python cost are paid once a step, whatever the batch. So a rank's rate at the even batch
 (what the probe times) overstates a slow rank's rate at the smaller batch it gets, and understates a fast one's.
 The probe times two batch sizes to separate the two parts (`step_fixed_seconds`), and the cut equalizes the
-predicted step times (`shared_fixed_seconds`, then `balanced_speeds`)."""
+predicted step times (`shared_fixed_seconds`, then `balanced_speeds`). Where that would leave a rank under one
+row per step (small batches, where a step is mostly fixed cost and no cut of the rows shortens it), the cut is
+the proportional one instead, and says so (`driver.balancing`)."""
 
 from __future__ import annotations
 
@@ -41,22 +43,18 @@ def weighted_sizes(total: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def check_shares(sizes: list[int], steps_per_epoch: int, speeds: list[float], hosts: list[str],
-                 fixed: list[float] | None = None) -> None:
+def check_shares(sizes: list[int], steps_per_epoch: int, speeds: list[float], hosts: list[str]) -> None:
     """Refuse a cut that leaves a rank under one row per step: that rank would idle through whole steps
-    while the others wait for nothing, a sign it should not be in the run at all. With `fixed` step costs,
-    the message gives the starved rank's, and larger batches as a fix (they make it a smaller part of a step)."""
+    while the others wait for nothing, a sign it should not be in the run at all."""
     starved = [r for r, n in enumerate(sizes) if n < steps_per_epoch]
     if not starved:
         return
     r = starved[0]
     fastest = max(speeds)
-    paid = f", and pays {1e3 * fixed[r]:.2f} ms a step whatever its rows" if fixed and fixed[r] > 0 else ""
-    bigger = "raise batch_size, " if fixed and fixed[r] > 0 else ""
     raise ValueError(
         f"balance=speed: rank {r} (on {hosts[r]}) measured {speeds[r]:.0f} rows/s against the fastest rank's "
-        f"{fastest:.0f}{paid}, so its share is {sizes[r]} rows for {steps_per_epoch} steps per epoch (under one row "
-        f"per step); {bigger}lower num_workers, exclude that executor from the cluster, or set balance=even."
+        f"{fastest:.0f}, so its share is {sizes[r]} rows for {steps_per_epoch} steps per epoch (under one row per "
+        f"step); lower num_workers, exclude that executor from the cluster, or set balance=even."
     )
 
 

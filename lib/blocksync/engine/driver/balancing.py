@@ -50,6 +50,8 @@ class Balance:
     """`probe`: measured now; `checkpoint`: the speeds saved with the checkpoint this run resumes."""
     cut: str = "speed"
     """`speed`: sizes follow the speeds; `even`: the speeds were within SPEED_TOLERANCE, so the cut is even's."""
+    rule: str = ""
+    """How a speed cut was sized: `step times` (the speeds and the fixed costs) or `proportional` (the speeds)."""
     probes: int = 1
     """Probe stages run: 2 when the first left a rank under one row per step (measured again before refusing)."""
 
@@ -57,7 +59,7 @@ class Balance:
         return {"speeds": self.speeds, "fixed_seconds": self.fixed_seconds, "hosts": self.hosts,
                 "executors": self.executors, "sizes": self.sizes,
                 "probe_seconds": self.probe_seconds, "probe_start_seconds": self.probe_start_seconds,
-                "source": self.source, "cut": self.cut, "probes": self.probes}
+                "source": self.source, "cut": self.cut, "rule": self.rule, "probes": self.probes}
 
 
 def measure(spark: SparkSession, config: TrainConfig, num_features: int, num_outputs: int,
@@ -125,20 +127,31 @@ def cutter(spark: SparkSession, config: TrainConfig, outputs: Callable[[tuple[fl
             log.info("balance=speed: speeds within tolerance, cut even (slowest %.0f rows/s is within %.0f%% of "
                      "the fastest %.0f)", min(balance.speeds), 100 * SPEED_TOLERANCE, max(balance.speeds))
             return None
-        balance.sizes = _sizes(balance, config, total_rows)
-        check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts,
-                     shared_fixed_seconds(probe_rows(config, total_rows), balance.speeds, balance.fixed_seconds)
-                     if balance.fixed_seconds else None)
+        balance.sizes, balance.rule = _sizes(balance, config, total_rows)
+        if balance.rule == "proportional" and any(balance.fixed_seconds):
+            log.warning("balance=speed: cut in proportion to the measured speeds, not by predicted step times: a "
+                        "step is mostly fixed cost at %d rows a rank (no cut of the rows shortens it), and that "
+                        "model would leave a rank under one row per step", probe_rows(config, total_rows))
+        check_shares(balance.sizes, steps_per_epoch(total_rows, config.batch_size), balance.speeds, balance.hosts)
         return balance.sizes
 
     return cut
 
 
-def _sizes(balance: Balance, config: TrainConfig, total_rows: int) -> list[int]:
-    """The block sizes the measured speeds and fixed step costs give (`balanced_speeds`, `weighted_sizes`)."""
+def _sizes(balance: Balance, config: TrainConfig, total_rows: int) -> tuple[list[int], str]:
+    """The block sizes and the rule that gave them: `step times` (`shared_fixed_seconds`, `balanced_speeds`,
+    `weighted_sizes`) where that leaves every rank at least one row per step, else `proportional` (the measured
+    speeds as they are: no fixed costs measured, as in a checkpoint saved before they were, or a step so
+    dominated by them that the model would starve a rank for no gain)."""
+    proportional = weighted_sizes(total_rows, balance.speeds)
+    if not any(balance.fixed_seconds):
+        return proportional, "proportional"
     rows = probe_rows(config, total_rows)
-    fixed = shared_fixed_seconds(rows, balance.speeds, balance.fixed_seconds or [0.0] * len(balance.speeds))
-    return weighted_sizes(total_rows, balanced_speeds(min(config.batch_size, total_rows), rows, balance.speeds, fixed))
+    fixed = shared_fixed_seconds(rows, balance.speeds, balance.fixed_seconds)
+    sizes = weighted_sizes(total_rows, balanced_speeds(min(config.batch_size, total_rows), rows, balance.speeds, fixed))
+    if min(sizes) >= steps_per_epoch(total_rows, config.batch_size):
+        return sizes, "step times"
+    return proportional, "proportional"
 
 
 def _starved(balance: Balance, config: TrainConfig, total_rows: int) -> int | None:
@@ -146,7 +159,7 @@ def _starved(balance: Balance, config: TrainConfig, total_rows: int) -> int | No
     if within_tolerance(balance.speeds):
         return None
     steps = steps_per_epoch(total_rows, config.batch_size)
-    return next((r for r, n in enumerate(_sizes(balance, config, total_rows)) if n < steps), None)
+    return next((r for r, n in enumerate(_sizes(balance, config, total_rows)[0]) if n < steps), None)
 
 
 def placement(balance: dict, block_of_rank: list[int], train_executors: list[str]) -> list[int]:

@@ -133,7 +133,7 @@ def balance_summary(config: TrainConfig, plan: WorkerPlan, summaries: list[dict[
         misplaced = placement(b, blocks, executors)
         out.update(probe_rows_per_s=b["speeds"], probe_fixed_seconds=b.get("fixed_seconds") or [],
                    probe_hosts=b["hosts"], probe_executors=b.get("executors", []),
-                   probe_seconds=b["probe_seconds"], probes=b.get("probes", 1),
+                   probe_seconds=b["probe_seconds"], probes=b.get("probes", 1), cut_rule=b.get("rule", ""),
                    probe_start_seconds=b.get("probe_start_seconds", 0.0),
                    speeds_from=b["source"], cut=b.get("cut", "speed"),
                    cut_reason=(f"speeds within tolerance ({100 * SPEED_TOLERANCE:.0f}%), cut even"
