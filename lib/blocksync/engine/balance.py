@@ -60,7 +60,7 @@ def check_shares(sizes: list[int], steps_per_epoch: int, speeds: list[float], ho
 
 def step_fixed_seconds(full_rows: int, full_seconds: float, half_rows: int, half_seconds: float) -> float:
     """The part of a step's time that does not grow with its rows: the intercept of the line through
-    (half_rows, half_seconds) and (full_rows, full_seconds), two mean step times the probe measured.
+    (half_rows, half_seconds) and (full_rows, full_seconds), two mean step times (the probe's are CPU seconds).
     Clamped to [0, half_seconds]; 0 when the two sizes are equal or the larger one did not take longer
     (noise), which leaves the cut proportional to the measured rates."""
     if full_rows <= half_rows or full_seconds <= half_seconds:
@@ -87,8 +87,9 @@ def balanced_speeds(batch: int, probe_rows: int, speeds: list[float], fixed: lis
     c[r] = (probe_rows / speeds[r] - fixed[r]) / probe_rows (`speeds` were measured at `probe_rows` rows a
     step). The local batches b[r] = (T - fixed[r]) / c[r] sum to `batch` when
     T = (batch + sum(fixed[r] / c[r])) / sum(1 / c[r]), the sums over the ranks whose fixed cost is under T
-    (a rank whose fixed cost alone exceeds T gets ~0, a share `check_shares` then refuses); the result is
-    b[r] / T. With every fixed[r] = 0 it is `speeds` itself (the rule without fixed costs).
+    (a rank whose fixed cost alone exceeds T gets ~0: a share under one row per step, which the driver does
+    not cut by, `driver.balancing`); the result is b[r] / T. With every fixed[r] = 0 it is `speeds` itself
+    (the rule without fixed costs).
     """
     if not any(fixed):
         return list(speeds)  # exactly the proportional rule (checkpoints saved before fixed costs were measured)
